@@ -1,0 +1,139 @@
+"""`ProcessHost`: the Ray actor behind one process of a resource pool.
+
+It owns the process's JAX runtime (device count, ``jax.distributed`` membership) and hosts the
+worker instances of every role placed on the pool (colocation = several roles in one host). Calls
+run one at a time in submission order, which keeps all processes of an SPMD program in step.
+This module must not import jax at top level: the device count is fixed before JAX starts.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import traceback
+from typing import Any
+
+import ray
+
+from jaxrl_hf.controller.batch import PAD_ROWS_KEY, Batch
+from jaxrl_hf.controller.errors import WorkerMethodError
+from jaxrl_hf.controller.futures import resolve_deferred
+from jaxrl_hf.controller.layout import MeshCoords
+from jaxrl_hf.controller.worker import Worker, WorkerContext
+
+_DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
+
+
+def configure_host_devices(platform: str, devices_per_process: int) -> None:
+    """Pin this process's JAX platform and CPU device count; must run before JAX initialises."""
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith(_DEVICE_COUNT_FLAG)]
+    if platform == "cpu":
+        flags.append(f"{_DEVICE_COUNT_FLAG}={devices_per_process}")
+        os.environ["JAX_PLATFORMS"] = "cpu"
+    os.environ["XLA_FLAGS"] = " ".join(flags)
+    import jax
+
+    if platform == "cpu":
+        jax.config.update("jax_num_cpu_devices", devices_per_process)
+
+
+def trim_padding(output: Any, pad_rows: int, input_rows: int | None) -> Any:
+    """Drop the rows a Batch output produced from padding input rows (``k`` outputs per input row
+    for an output ``k`` times as long as the input, e.g. interleaved samples)."""
+    if not isinstance(output, Batch):
+        return output
+    meta = {k: v for k, v in output.meta_info.items() if k != PAD_ROWS_KEY}
+    output = Batch(output.arrays, output.objects, meta)
+    if pad_rows == 0:
+        return output
+    if not input_rows or len(output) % input_rows:
+        raise ValueError(
+            f"the input chunk had {pad_rows} padding rows out of {input_rows}, but the output Batch has "
+            f"{len(output)} rows (not a multiple), so the padding rows cannot be removed; return k "
+            "rows per input row, or use a dispatch that does not pad"
+        )
+    return output.unpad(pad_rows * (len(output) // input_rows))
+
+
+class ProcessHost:
+    """One process of a pool: JAX runtime + the worker instances of all roles placed on it."""
+
+    def __init__(self, pool_name: str, rank: int, world_size: int, platform: str, devices_per_process: int):
+        configure_host_devices(platform, devices_per_process)
+        self.pool_name, self.rank, self.world_size = pool_name, rank, world_size
+        self._workers: dict[str, Worker] = {}
+
+    def coordinator_address(self) -> str:
+        """``ip:port`` of a free port on this node, for the JAX coordination service."""
+        with socket.socket() as sock:
+            sock.bind(("", 0))
+            port = sock.getsockname()[1]
+        return f"{ray.util.get_node_ip_address()}:{port}"
+
+    def join(self, coordinator: str | None, timeout_s: int) -> dict[str, Any]:
+        """Join the pool's multi-controller JAX program (all ranks must call this together)."""
+        import jax
+
+        if self.world_size > 1:
+            jax.distributed.initialize(
+                coordinator, self.world_size, self.rank, initialization_timeout=int(timeout_s)
+            )
+        return {
+            "pid": os.getpid(),
+            "process_index": jax.process_index(),
+            "process_count": jax.process_count(),
+            "device_count": jax.device_count(),
+            "local_device_count": jax.local_device_count(),
+        }
+
+    def pid(self) -> int:
+        """OS process id (tests use it to kill a process)."""
+        return os.getpid()
+
+    def add_role(self, role: str, spec: tuple[type, tuple, dict]) -> MeshCoords:
+        """Instantiate ``worker_cls(*args, **kwargs)`` for ``role``; return its mesh coordinates."""
+        worker_cls, args, kwargs = spec
+        if role in self._workers:
+            raise ValueError(f"role {role!r} already exists on pool {self.pool_name!r} rank {self.rank}")
+        context = WorkerContext(role, self.pool_name, self.rank, self.world_size)
+        try:
+            worker = worker_cls._instantiate(context, tuple(args), dict(kwargs))
+            coords = worker.mesh_coords()
+        except Exception as err:  # noqa: BLE001 - reported with role/rank to the driver
+            raise WorkerMethodError(role, self.rank, "__init__", type(err).__name__, traceback.format_exc()) from None
+        self._workers[role] = worker
+        return coords
+
+    def remove_role(self, role: str) -> None:
+        """Forget a role's worker instance (its memory is freed once unreferenced)."""
+        self._workers.pop(role, None)
+
+    def mesh_coords(self, role: str) -> MeshCoords:
+        """Current mesh coordinates of ``role``'s worker in this process."""
+        return self._worker(role).mesh_coords()
+
+    def _worker(self, role: str) -> Worker:
+        if role not in self._workers:
+            raise KeyError(f"pool {self.pool_name!r} rank {self.rank} hosts no role {role!r}; roles: {list(self._workers)}")
+        return self._workers[role]
+
+    def call(self, role: str, method: str, payload: tuple[tuple, dict], pad_rows: int) -> Any:
+        """Run ``role.method`` on this rank's arguments; deferred (future) arguments are fetched here,
+        and output rows produced from padding input rows are dropped."""
+        try:
+            args, kwargs = payload
+            resolved_args, resolved_kwargs = [], {}
+            for value in args:
+                value, pad = resolve_deferred(value)
+                resolved_args.append(value)
+                pad_rows = max(pad_rows, pad)
+            for key, value in kwargs.items():
+                resolved_kwargs[key], pad = resolve_deferred(value)
+                pad_rows = max(pad_rows, pad)
+            input_rows = next(
+                (len(v) for v in (*resolved_args, *resolved_kwargs.values()) if isinstance(v, Batch)), None
+            )
+            output = getattr(self._worker(role), method)(*resolved_args, **resolved_kwargs)
+            return trim_padding(output, pad_rows, input_rows)
+        except Exception as err:  # noqa: BLE001 - reported with role/rank/method to the driver
+            raise WorkerMethodError(role, self.rank, method, type(err).__name__, traceback.format_exc()) from None

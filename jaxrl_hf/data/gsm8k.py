@@ -1,0 +1,121 @@
+"""GSM8K (Cobbe et al., 2021) in verl's schema, and GSM8K preference pairs for reward-model training.
+
+Source files are the original jsonl (``question``, ``answer`` ending in ``#### n``), e.g.
+``../shared/data/gsm8k/{train,test}.jsonl``. The prompt appends verl's instruction
+(``Let's think step by step and output the final answer after "####".``) so the ``openai/gsm8k`` rule
+scorer's strict mode applies. A source row whose answer has no parseable ``#### n`` is an error naming
+the file and line — bad ground truth wrecks RL training, so it is never silently kept or dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+
+from jaxrl_hf.data.schema import DatasetRowError, make_row
+
+DATA_SOURCE = "openai/gsm8k"
+INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
+
+_FINAL = re.compile(r"#### (-?[0-9.,]+)\s*$")
+_CALCULATOR = re.compile(r"<<[^<>]*>>")
+
+
+def read_source(path: str) -> list[dict]:
+    """The raw GSM8K rows (``question``, ``answer``) of a jsonl file, each checked, with ``line`` added."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"GSM8K source file not found: {path}")
+    rows = []
+    with open(path, encoding="utf-8") as fh:
+        for line_no, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                raw = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DatasetRowError(f"{path}: line {line_no}: invalid JSON ({exc.msg})") from None
+            if not isinstance(raw, dict) or not isinstance(raw.get("question"), str) or not isinstance(raw.get("answer"), str):
+                raise DatasetRowError(f"{path}: line {line_no}: expected string fields 'question' and 'answer'")
+            rows.append({**raw, "line": line_no})
+    return rows
+
+
+def final_answer(answer: str, *, where: str = "<answer>") -> str:
+    """The ground truth of a GSM8K solution: the number after the final ``#### ``, commas removed."""
+    match = _FINAL.search(answer)
+    if match is None:
+        raise DatasetRowError(f"{where}: answer does not end with '#### <number>': ...{answer[-60:]!r}")
+    value = match.group(1).replace(",", "")
+    if not re.fullmatch(r"-?\d+(\.\d+)?", value):
+        raise DatasetRowError(f"{where}: final answer {match.group(1)!r} is not a number")
+    return value
+
+
+def to_rows(path: str, split: str) -> list[dict]:
+    """GSM8K rows of ``path`` in verl's schema (``extra_info``: split, index, question, answer)."""
+    rows = []
+    for index, raw in enumerate(read_source(path)):
+        truth = final_answer(raw["answer"], where=f"{path}: line {raw['line']}")
+        rows.append(
+            make_row(
+                DATA_SOURCE,
+                raw["question"] + " " + INSTRUCTION,
+                truth,
+                extra_info={"split": split, "index": index, "question": raw["question"], "answer": raw["answer"]},
+            )
+        )
+    return rows
+
+
+def clean_solution(answer: str) -> str:
+    """A GSM8K solution without the ``<<a*b=c>>`` calculator annotations."""
+    return _CALCULATOR.sub("", answer)
+
+
+def wrong_answer(truth: str, rng: random.Random) -> str:
+    """A plausible wrong answer near ``truth``: off by a little, a factor of 10, or digits swapped."""
+    value = float(truth) if "." in truth else int(truth)
+    candidates = [value + 1, value - 1, value + rng.randint(2, 9), value * 10, value * 2]
+    digits = str(abs(int(value)))
+    if len(digits) >= 2 and digits[0] != digits[1]:
+        candidates.append(int(digits[1] + digits[0] + digits[2:]) * (1 if value >= 0 else -1))
+    choice = rng.choice([c for c in candidates if c != value])
+    if isinstance(choice, float):
+        return f"{choice:.10g}"
+    return str(choice)
+
+
+def corrupt_solution(answer: str, truth: str, wrong: str) -> str:
+    """The solution with its final result replaced by ``wrong`` in the last reasoning line and after ####."""
+    body, _, _ = clean_solution(answer).rpartition("####")
+    lines = body.rstrip("\n").split("\n")
+    if lines:
+        number = re.escape(f"{int(truth):,}") + "|" + re.escape(truth) if re.fullmatch(r"-?\d+", truth) else re.escape(truth)
+        pattern = re.compile(rf"(?<![\d.,])(?:{number})(?![\d,]|\.\d)")
+        hits = list(pattern.finditer(lines[-1]))
+        if hits:
+            last = hits[-1]
+            lines[-1] = lines[-1][: last.start()] + wrong + lines[-1][last.end() :]
+    return "\n".join(lines) + f"\n#### {wrong}"
+
+
+def preference_pairs(path: str, seed: int, limit: int | None = None) -> list[dict]:
+    """Bradley-Terry pairs from GSM8K: ``prompt`` (chat messages), ``chosen`` (the reference solution),
+    ``rejected`` (the same solution made to reach a nearby wrong answer), ``ground_truth``."""
+    rng = random.Random(f"jaxrl_hf.gsm8k_prefs:{seed}")
+    pairs = []
+    for raw in read_source(path)[:limit]:
+        truth = final_answer(raw["answer"], where=f"{path}: line {raw['line']}")
+        wrong = wrong_answer(truth, rng)
+        pairs.append(
+            {
+                "prompt": [{"role": "user", "content": raw["question"] + " " + INSTRUCTION}],
+                "chosen": clean_solution(raw["answer"]),
+                "rejected": corrupt_solution(raw["answer"], truth, wrong),
+                "ground_truth": truth,
+                "rejected_answer": wrong,
+            }
+        )
+    return pairs

@@ -1,0 +1,113 @@
+"""Pure functions over a ``CausalLM`` param tree: init, logical axes, forward, log-probs.
+
+``params`` everywhere is the *unboxed* tree ``{"model": {...}, "lm_head": {...}}`` (no ``"params"``
+wrapper, no flax metadata boxes), so optax / orbax / jax.tree functions see plain arrays.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec
+
+from jaxrl_hf.models.config import DecoderConfig
+from jaxrl_hf.models.llama import CausalLM, default_positions
+from jaxrl_hf.models.logprobs import log_probs_and_entropy_from_hidden
+
+Params = dict[str, Any]
+
+
+def make_module(config: DecoderConfig, mesh: Any = None, rules: Any = None) -> CausalLM:
+    """The flax module; with ``mesh`` and ``rules`` its activation constraints are always applied."""
+    return CausalLM(config, mesh, tuple(tuple(r) for r in rules) if rules is not None else None)
+
+
+def _init_boxed(config: DecoderConfig, rng: jax.Array) -> Any:
+    ids = jnp.zeros((1, 2), jnp.int32)
+    mask = jnp.ones((1, 2), jnp.int32)
+    return make_module(config).init(rng, ids, default_positions(mask), mask)["params"]
+
+
+def init_params(config: DecoderConfig, rng: jax.Array | int = 0) -> Params:
+    """Random parameters (normal(0, fan_in^-1/2) kernels, unit norms) as a plain array tree."""
+    if isinstance(rng, int):
+        rng = jax.random.key(rng)
+    return nn.unbox(_init_boxed(config, rng))
+
+
+def param_logical_axes(config: DecoderConfig) -> Any:
+    """Tree matching ``init_params(config)`` whose leaves are ``PartitionSpec``s of logical axis names.
+
+    ``PartitionSpec`` is a tuple subclass and a pytree leaf; map it to mesh axes with
+    ``flax.linen.logical_to_mesh_sharding(tree, mesh, rules)``.
+    """
+    boxed = jax.eval_shape(lambda: _init_boxed(config, jax.random.key(0)))
+    return nn.get_partition_spec(boxed)
+
+
+def param_shardings(config: DecoderConfig, mesh: jax.sharding.Mesh, rules: Any) -> Any:
+    """``NamedSharding`` tree for the params under logical-to-mesh ``rules``."""
+    specs = param_logical_axes(config)
+    return jax.tree.map(
+        lambda spec: jax.sharding.NamedSharding(mesh, nn.logical_to_mesh_axes(tuple(spec), rules)),
+        specs, is_leaf=lambda x: isinstance(x, PartitionSpec))
+
+
+def _positions(attention_mask: jnp.ndarray | None, input_ids: jnp.ndarray,
+               positions: jnp.ndarray | None) -> tuple[jnp.ndarray, jnp.ndarray]:
+    if attention_mask is None:
+        attention_mask = jnp.ones(input_ids.shape, jnp.int32)
+    if positions is None:
+        positions = default_positions(attention_mask)
+    return attention_mask, positions
+
+
+def forward(params: Params, config: DecoderConfig, input_ids: jnp.ndarray,
+            attention_mask: jnp.ndarray | None = None, positions: jnp.ndarray | None = None,
+            mesh: Any = None, rules: Any = None) -> jnp.ndarray:
+    """Logits ``[B, T, vocab]`` float32 for ``input_ids [B, T]`` (left padding allowed via the mask)."""
+    attention_mask, positions = _positions(attention_mask, input_ids, positions)
+    logits, _ = make_module(config, mesh, rules).apply({"params": params}, input_ids, positions, attention_mask)
+    return logits
+
+
+def hidden_states(params: Params, config: DecoderConfig, input_ids: jnp.ndarray,
+                  attention_mask: jnp.ndarray | None = None, positions: jnp.ndarray | None = None,
+                  mesh: Any = None, rules: Any = None) -> jnp.ndarray:
+    """Final-norm hidden states ``[B, T, embed]`` (compute dtype)."""
+    attention_mask, positions = _positions(attention_mask, input_ids, positions)
+    module = make_module(config, mesh, rules)
+    hidden, _ = module.apply({"params": params}, input_ids, positions, attention_mask,
+                             method=CausalLM.hidden_states)
+    return hidden
+
+
+def lm_head_kernel(params: Params, config: DecoderConfig) -> jnp.ndarray:
+    """The ``[embed, vocab]`` output projection (the transposed embedding when tied)."""
+    if config.tie_word_embeddings:
+        return params["model"]["embed_tokens"]["embedding"].T
+    return params["lm_head"]["kernel"]
+
+
+def token_log_probs_and_entropy(params: Params, config: DecoderConfig, input_ids: jnp.ndarray,
+                                targets: jnp.ndarray, attention_mask: jnp.ndarray | None = None,
+                                positions: jnp.ndarray | None = None, temperature: float | jnp.ndarray = 1.0,
+                                chunk_size: int = 128, with_entropy: bool = True, mesh: Any = None,
+                                rules: Any = None) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """``log softmax(logits_t / temperature)[targets_t]`` and the entropy at every position ``t``.
+
+    ``targets[b, t]`` is the token scored at position ``t`` (usually ``input_ids[b, t + 1]``, see
+    ``next_token_targets``). Both outputs are ``[B, T]`` float32; entries at padded or unused
+    positions are meaningless and must be masked by the caller.
+    """
+    hidden = hidden_states(params, config, input_ids, attention_mask, positions, mesh, rules)
+    kernel = lm_head_kernel(params, config).astype(jnp.dtype(config.dtype))
+    return log_probs_and_entropy_from_hidden(hidden, kernel, targets, temperature, chunk_size, with_entropy)
+
+
+def next_token_targets(input_ids: jnp.ndarray, fill: int = 0) -> jnp.ndarray:
+    """``input_ids`` shifted left by one (``targets[:, t] = input_ids[:, t+1]``), last column ``fill``."""
+    return jnp.concatenate([input_ids[:, 1:], jnp.full((input_ids.shape[0], 1), fill, input_ids.dtype)], axis=1)

@@ -1,0 +1,291 @@
+"""Flax (linen) decoder for the Llama / Qwen2 family with logical axis names.
+
+Architecture (Touvron et al. 2023; Qwen2 adds a QKV bias): token embedding -> N x [RMSNorm ->
+grouped-query attention with RoPE -> residual -> RMSNorm -> SwiGLU MLP -> residual] -> RMSNorm ->
+LM head (tied to the embedding or separate).
+
+Parameters carry logical axes (``vocab``, ``embed``, ``mlp``, ``heads``, ``kv_heads``, ``head_dim``;
+the layers are stacked by ``nn.scan`` on a leading ``layers`` axis) and activations are constrained
+to (``batch``, ``length``, ...). ``mesh/`` maps these names to mesh axes with rules.
+
+Param tree of ``CausalLM`` (shapes without the ``layers`` axis where stacked)::
+
+  model/embed_tokens/embedding          [vocab, embed]
+  model/layers/input_layernorm/scale    [layers, embed]
+  model/layers/self_attn/{q,k,v}_proj/kernel [layers, embed, heads|kv_heads, head_dim] (+ bias)
+  model/layers/self_attn/o_proj/kernel  [layers, heads, head_dim, embed]
+  model/layers/post_attention_layernorm/scale
+  model/layers/mlp/{gate,up}_proj/kernel [layers, embed, mlp];  down_proj/kernel [layers, mlp, embed]
+  model/norm/scale                      [embed]
+  lm_head/kernel                        [embed, vocab]   (absent when tied)
+
+KV cache: a dict ``{"k", "v"}`` of ``[layers, batch, cache_len, kv_heads, head_dim]``. A call writes
+its ``T`` new keys/values at slot ``cache_index`` (same for all rows: prompts are left-padded) and
+attends over all slots ``s <= cache_index + t`` that ``attention_mask[b, s]`` marks valid.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrl_hf.models.config import DecoderConfig
+from jaxrl_hf.models.rope import apply_rope, rope_frequencies
+
+Array = jnp.ndarray
+KVCache = dict[str, Array]
+_NEG = -0.7 * float(np.finfo(np.float32).max)  # finite "minus infinity": fully masked rows stay NaN-free
+
+
+def _dtype(name: str) -> Any:
+    return jnp.dtype(name)
+
+
+def constrain(x: Array, names: Sequence[str | None], mesh: Any = None, rules: Any = None) -> Array:
+    """Sharding constraint by logical names.
+
+    With an explicit ``mesh`` and ``rules`` the constraint is always applied; otherwise flax's
+    global context (``with mesh: with nn.logical_axis_rules(rules):``) decides, and it is a no-op
+    when no rules are set.
+    """
+    if mesh is not None and rules is not None:
+        spec = nn.logical_to_mesh_axes(tuple(names), rules)
+        return jax.lax.with_sharding_constraint(x, jax.sharding.NamedSharding(mesh, spec))
+    return nn.with_logical_constraint(x, tuple(names))
+
+
+def _init(initializer: Any, names: tuple[str, ...]) -> Any:
+    return nn.with_logical_partitioning(initializer, names)
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square layer norm (Zhang & Sennrich 2019): x / sqrt(mean(x^2) + eps) * scale, in f32."""
+
+    eps: float
+    param_dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        scale = self.param("scale", _init(nn.initializers.ones, ("embed",)), (x.shape[-1],), self.param_dtype)
+        xf = x.astype(jnp.float32)
+        normed = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
+        return (normed * scale.astype(jnp.float32)).astype(x.dtype)
+
+
+class _Proj(nn.Module):
+    """Dense projection ``x[..., in] -> [..., *out_shape]`` with a multi-dim logical kernel."""
+
+    in_features: int
+    out_shape: tuple[int, ...]
+    kernel_axes: tuple[str, ...]
+    bias_axes: tuple[str, ...] | None
+    dtype: Any
+    param_dtype: Any
+    contract_dims: int = 1  # how many trailing dims of x are contracted
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        in_shape = x.shape[-self.contract_dims:]
+        fan_in = int(np.prod(in_shape))
+        init = nn.initializers.normal(stddev=fan_in ** -0.5)
+        kernel = self.param("kernel", _init(init, self.kernel_axes), (*in_shape, *self.out_shape), self.param_dtype)
+        y = jax.lax.dot_general(
+            x.astype(self.dtype), kernel.astype(self.dtype),
+            ((tuple(range(x.ndim - self.contract_dims, x.ndim)), tuple(range(self.contract_dims))), ((), ())),
+            preferred_element_type=jnp.float32 if self.dtype != jnp.float32 else None,
+        ).astype(self.dtype)
+        if self.bias_axes is not None:
+            bias = self.param("bias", _init(nn.initializers.zeros, self.bias_axes), self.out_shape, self.param_dtype)
+            y = y + bias.astype(self.dtype)
+        return y
+
+
+def attention_weights_mask(attention_mask: Array, cache_index: Array, q_len: int) -> Array:
+    """Boolean ``[B, 1, 1, T, S]``: key ``s`` is visible to query ``t`` iff valid and ``s <= cache_index + t``."""
+    s_len = attention_mask.shape[1]
+    q_pos = cache_index + jnp.arange(q_len)
+    causal = jnp.arange(s_len)[None, :] <= q_pos[:, None]  # [T, S]
+    mask = causal[None] & attention_mask[:, None, :].astype(bool)  # [B, T, S]
+    return mask[:, None, None]
+
+
+class Attention(nn.Module):
+    """Grouped-query self-attention with RoPE and an optional static KV cache."""
+
+    config: DecoderConfig
+    mesh: Any = None
+    rules: Any = None
+
+    @nn.compact
+    def __call__(self, x: Array, positions: Array, attention_mask: Array, cache_index: Array,
+                 layer_cache: KVCache | None) -> tuple[Array, KVCache | None]:
+        c = self.config
+        dt, pdt = _dtype(c.dtype), _dtype(c.param_dtype)
+        h, k, d, e = c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.hidden_size
+        bias = lambda heads: (heads, "head_dim") if c.qkv_bias else None  # noqa: E731
+        q = _Proj(e, (h, d), ("embed", "heads", "head_dim"), bias("heads"), dt, pdt, name="q_proj")(x)
+        kk = _Proj(e, (k, d), ("embed", "kv_heads", "head_dim"), bias("kv_heads"), dt, pdt, name="k_proj")(x)
+        v = _Proj(e, (k, d), ("embed", "kv_heads", "head_dim"), bias("kv_heads"), dt, pdt, name="v_proj")(x)
+        q = constrain(q, ("batch", "length", "heads", "head_dim"), self.mesh, self.rules)
+        kk = constrain(kk, ("batch", "length", "kv_heads", "head_dim"), self.mesh, self.rules)
+        inv_freq, rope_scale = rope_frequencies(c)
+        q = apply_rope(q, positions, inv_freq, rope_scale)
+        kk = apply_rope(kk, positions, inv_freq, rope_scale)
+
+        new_cache = None
+        if layer_cache is not None:
+            zero = jnp.zeros((), jnp.int32)
+            idx = (zero, cache_index.astype(jnp.int32), zero, zero)
+            keys = jax.lax.dynamic_update_slice(layer_cache["k"], kk.astype(layer_cache["k"].dtype), idx)
+            values = jax.lax.dynamic_update_slice(layer_cache["v"], v.astype(layer_cache["v"].dtype), idx)
+            new_cache = {"k": keys, "v": values}
+            keys, values = keys.astype(dt), values.astype(dt)
+        else:
+            keys, values = kk, v
+
+        b, t = x.shape[0], x.shape[1]
+        g = c.num_query_groups
+        qg = q.reshape(b, t, k, g, d)
+        scores = jnp.einsum("btkgd,bskd->bkgts", qg, keys, preferred_element_type=jnp.float32) * (d ** -0.5)
+        mask = attention_weights_mask(attention_mask, cache_index, t)
+        scores = jnp.where(mask, scores, _NEG)
+        probs = jax.nn.softmax(scores, axis=-1).astype(dt)
+        out = jnp.einsum("bkgts,bskd->btkgd", probs, values).reshape(b, t, h, d)
+        out = constrain(out, ("batch", "length", "heads", "head_dim"), self.mesh, self.rules)
+        y = _Proj(h * d, (e,), ("heads", "head_dim", "embed"), ("embed",) if c.o_bias else None, dt, pdt,
+                  contract_dims=2, name="o_proj")(out)
+        return y, new_cache
+
+
+class MLP(nn.Module):
+    """SwiGLU feed-forward (Shazeer 2020): down(silu(gate(x)) * up(x))."""
+
+    config: DecoderConfig
+    mesh: Any = None
+    rules: Any = None
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        c = self.config
+        dt, pdt = _dtype(c.dtype), _dtype(c.param_dtype)
+        e, m = c.hidden_size, c.intermediate_size
+        gate = _Proj(e, (m,), ("embed", "mlp"), None, dt, pdt, name="gate_proj")(x)
+        up = _Proj(e, (m,), ("embed", "mlp"), None, dt, pdt, name="up_proj")(x)
+        hidden = constrain(nn.silu(gate) * up, ("batch", "length", "mlp"), self.mesh, self.rules)
+        return _Proj(m, (e,), ("mlp", "embed"), None, dt, pdt, name="down_proj")(hidden)
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm transformer block; scanned over layers (carry = hidden states)."""
+
+    config: DecoderConfig
+    mesh: Any = None
+    rules: Any = None
+
+    @nn.compact
+    def __call__(self, x: Array, positions: Array, attention_mask: Array, cache_index: Array,
+                 layer_cache: KVCache | None) -> tuple[Array, KVCache | None]:
+        c = self.config
+        pdt = _dtype(c.param_dtype)
+        x = constrain(x, ("batch", "length", "embed"), self.mesh, self.rules)
+        h = RMSNorm(c.rms_norm_eps, pdt, name="input_layernorm")(x)
+        attn, new_cache = Attention(c, self.mesh, self.rules, name="self_attn")(
+            h, positions, attention_mask, cache_index, layer_cache)
+        x = x + attn
+        h = RMSNorm(c.rms_norm_eps, pdt, name="post_attention_layernorm")(x)
+        x = x + MLP(c, self.mesh, self.rules, name="mlp")(h)
+        return constrain(x, ("batch", "length", "embed"), self.mesh, self.rules), new_cache
+
+
+_REMAT_POLICIES = {
+    "full": None,
+    "dots": jax.checkpoint_policies.dots_saveable,
+    "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+class Decoder(nn.Module):
+    """Embedding + scanned decoder layers + final norm; returns hidden states ``[B, T, embed]``."""
+
+    config: DecoderConfig
+    mesh: Any = None
+    rules: Any = None
+
+    def setup(self) -> None:
+        c = self.config
+        self.embed_tokens = nn.Embed(
+            c.vocab_size, c.hidden_size, dtype=_dtype(c.dtype), param_dtype=_dtype(c.param_dtype),
+            embedding_init=_init(nn.initializers.normal(stddev=0.02), ("vocab", "embed")))
+        layer_cls = DecoderLayer
+        if c.remat != "none":
+            layer_cls = nn.remat(DecoderLayer, policy=_REMAT_POLICIES[c.remat], prevent_cse=False)
+        self.layers = nn.scan(
+            layer_cls,
+            variable_axes={"params": 0},
+            split_rngs={"params": True},
+            in_axes=(nn.broadcast, nn.broadcast, nn.broadcast, 0),
+            length=c.num_hidden_layers,
+            metadata_params={nn.PARTITION_NAME: "layers"},
+        )(c, self.mesh, self.rules)
+        self.norm = RMSNorm(c.rms_norm_eps, _dtype(c.param_dtype))
+
+    def __call__(self, input_ids: Array, positions: Array, attention_mask: Array,
+                 cache: KVCache | None = None, cache_index: Array | int = 0) -> tuple[Array, KVCache | None]:
+        x = self.embed_tokens(input_ids)
+        x = constrain(x, ("batch", "length", "embed"), self.mesh, self.rules)
+        x, new_cache = self.layers(x, positions, attention_mask, jnp.asarray(cache_index, jnp.int32), cache)
+        return self.norm(x), new_cache
+
+    def attend(self, hidden: Array) -> Array:
+        """Tied LM head: ``hidden @ embedding.T``."""
+        return self.embed_tokens.attend(hidden)
+
+
+class CausalLM(nn.Module):
+    """Decoder + LM head. ``__call__`` returns ``(logits [B,T,vocab] f32, new_cache)``."""
+
+    config: DecoderConfig
+    mesh: Any = None
+    rules: Any = None
+
+    def setup(self) -> None:
+        c = self.config
+        self.model = Decoder(c, self.mesh, self.rules)
+        if not c.tie_word_embeddings:
+            self.lm_head = _Proj(c.hidden_size, (c.vocab_size,), ("embed", "vocab"), None,
+                                 _dtype(c.dtype), _dtype(c.param_dtype))
+
+    def hidden_states(self, input_ids: Array, positions: Array, attention_mask: Array,
+                      cache: KVCache | None = None, cache_index: Array | int = 0) -> tuple[Array, KVCache | None]:
+        return self.model(input_ids, positions, attention_mask, cache, cache_index)
+
+    def logits_from_hidden(self, hidden: Array) -> Array:
+        if self.config.tie_word_embeddings:
+            logits = self.model.attend(hidden)
+        else:
+            logits = self.lm_head(hidden)
+        return constrain(logits.astype(jnp.float32), ("batch", "length", "vocab"), self.mesh, self.rules)
+
+    def __call__(self, input_ids: Array, positions: Array, attention_mask: Array,
+                 cache: KVCache | None = None, cache_index: Array | int = 0) -> tuple[Array, KVCache | None]:
+        hidden, new_cache = self.hidden_states(input_ids, positions, attention_mask, cache, cache_index)
+        return self.logits_from_hidden(hidden), new_cache
+
+
+def default_positions(attention_mask: Array) -> Array:
+    """Position ids for left-padded rows: ``cumsum(mask) - 1`` clipped at 0 (HF convention)."""
+    return jnp.maximum(jnp.cumsum(attention_mask.astype(jnp.int32), axis=-1) - 1, 0)
+
+
+def init_kv_cache(config: DecoderConfig, batch: int, cache_len: int, dtype: Any = None) -> KVCache:
+    """Zeroed KV cache ``{"k","v"}: [layers, batch, cache_len, kv_heads, head_dim]``."""
+    shape = (config.num_hidden_layers, batch, cache_len, config.num_key_value_heads, config.head_dim)
+    dt = jnp.dtype(dtype or config.dtype)
+    return {"k": jnp.zeros(shape, dt), "v": jnp.zeros(shape, dt)}
+
+
+KV_CACHE_LOGICAL_AXES = ("layers", "batch", "length", "kv_heads", "head_dim")

@@ -1,0 +1,55 @@
+"""Per-token log-probabilities and entropy from hidden states, chunked over the sequence.
+
+For a position with hidden state h, LM-head kernel W ``[embed, vocab]`` and temperature tau:
+    z = (h @ W) / tau,   lse = logsumexp(z),
+    log p(y) = z_y - lse,                        (the policy log-likelihood in the PPO ratio)
+    H = lse - sum_v softmax(z)_v * z_v           (entropy of the tempered distribution).
+Only one ``[B, chunk, vocab]`` float32 block exists at a time; the chunk function is rematerialised
+in the backward pass, so training never stores full-vocabulary logits for the whole sequence.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def _chunk_stats(hidden: jnp.ndarray, kernel: jnp.ndarray, targets: jnp.ndarray,
+                 temperature: float | jnp.ndarray, with_entropy: bool) -> tuple[jnp.ndarray, jnp.ndarray]:
+    logits = jnp.einsum("bce,ev->bcv", hidden, kernel.astype(hidden.dtype), preferred_element_type=jnp.float32)
+    logits = logits / temperature
+    lse = jax.nn.logsumexp(logits, axis=-1)
+    picked = jnp.take_along_axis(logits, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
+    logp = picked - lse
+    if with_entropy:
+        probs = jnp.exp(logits - lse[..., None])
+        entropy = lse - jnp.sum(probs * logits, axis=-1)
+    else:
+        entropy = jnp.zeros_like(logp)
+    return logp, entropy
+
+
+def log_probs_and_entropy_from_hidden(hidden: jnp.ndarray, kernel: jnp.ndarray, targets: jnp.ndarray,
+                                      temperature: float | jnp.ndarray = 1.0, chunk_size: int = 128,
+                                      with_entropy: bool = True) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """``(log p(targets), entropy)``, both ``[B, T]`` float32, for hidden ``[B, T, E]`` and kernel ``[E, V]``.
+
+    The sequence is cut into ``chunk_size`` pieces (padded at the end) processed by ``lax.map`` with
+    ``jax.checkpoint``; peak extra memory is one ``[B, chunk_size, V]`` float32 block.
+    """
+    b, t, e = hidden.shape
+    if chunk_size <= 0:
+        raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+    c = min(chunk_size, t)
+    n = -(-t // c)
+    pad = n * c - t
+    if pad:
+        hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
+        targets = jnp.pad(targets, ((0, 0), (0, pad)))
+    hs = hidden.reshape(b, n, c, e).swapaxes(0, 1)
+    ts = targets.reshape(b, n, c).swapaxes(0, 1)
+    fn = jax.checkpoint(lambda args: _chunk_stats(args[0], kernel, args[1], temperature, with_entropy))
+    logp, ent = jax.lax.map(fn, (hs, ts))
+    logp = logp.swapaxes(0, 1).reshape(b, n * c)[:, :t]
+    ent = ent.swapaxes(0, 1).reshape(b, n * c)[:, :t]
+    return logp, ent

@@ -1,0 +1,196 @@
+"""HF safetensors <-> flax param tree, with an exact name mapping both ways.
+
+HF stores ``nn.Linear`` weights as ``[out, in]``; here kernels are ``[in, *out]`` with heads split
+out (``q_proj``: ``[embed, heads, head_dim]``, ``o_proj``: ``[heads, head_dim, embed]``) and the
+layers stacked on axis 0. Conversions are transposes/reshapes only, so a round trip is bit-exact.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Iterator, Mapping
+
+import jax
+import numpy as np
+from safetensors.numpy import load_file, save_file
+
+from jaxrl_hf.models.config import DecoderConfig
+
+Params = dict[str, Any]
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def _layer_entries(config: DecoderConfig) -> list[tuple[str, tuple[str, ...], str]]:
+    """(HF suffix, path in ``params['model']['layers']``, kind) for one layer."""
+    entries = [
+        ("input_layernorm.weight", ("input_layernorm", "scale"), "vec"),
+        ("post_attention_layernorm.weight", ("post_attention_layernorm", "scale"), "vec"),
+        ("self_attn.q_proj.weight", ("self_attn", "q_proj", "kernel"), "in_proj"),
+        ("self_attn.k_proj.weight", ("self_attn", "k_proj", "kernel"), "in_proj"),
+        ("self_attn.v_proj.weight", ("self_attn", "v_proj", "kernel"), "in_proj"),
+        ("self_attn.o_proj.weight", ("self_attn", "o_proj", "kernel"), "out_proj"),
+        ("mlp.gate_proj.weight", ("mlp", "gate_proj", "kernel"), "linear"),
+        ("mlp.up_proj.weight", ("mlp", "up_proj", "kernel"), "linear"),
+        ("mlp.down_proj.weight", ("mlp", "down_proj", "kernel"), "linear"),
+    ]
+    if config.qkv_bias:
+        entries += [(f"self_attn.{n}_proj.bias", ("self_attn", f"{n}_proj", "bias"), "head_bias") for n in "qkv"]
+    if config.o_bias:
+        entries.append(("self_attn.o_proj.bias", ("self_attn", "o_proj", "bias"), "vec"))
+    return entries
+
+
+def _get(tree: Mapping[str, Any], path: tuple[str, ...]) -> Any:
+    for key in path:
+        tree = tree[key]
+    return tree
+
+
+def _set(tree: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
+    for key in path[:-1]:
+        tree = tree.setdefault(key, {})
+    tree[path[-1]] = value
+
+
+def _to_hf(kind: str, x: np.ndarray) -> np.ndarray:
+    if kind == "in_proj":  # [E, H, D] -> [H*D, E]
+        return np.ascontiguousarray(x.reshape(x.shape[0], -1).T)
+    if kind == "out_proj":  # [H, D, E] -> [E, H*D]
+        return np.ascontiguousarray(x.reshape(-1, x.shape[-1]).T)
+    if kind == "linear":
+        return np.ascontiguousarray(x.T)
+    if kind == "head_bias":
+        return x.reshape(-1)
+    return x
+
+
+def _from_hf(kind: str, w: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    if kind == "in_proj":
+        return np.ascontiguousarray(w.T).reshape(shape)
+    if kind == "out_proj":
+        return np.ascontiguousarray(w.T).reshape(shape)
+    if kind == "linear":
+        return np.ascontiguousarray(w.T)
+    return w.reshape(shape)
+
+
+def _expected_layer_shapes(config: DecoderConfig) -> dict[str, tuple[int, ...]]:
+    e, m, h, k, d = (config.hidden_size, config.intermediate_size, config.num_attention_heads,
+                     config.num_key_value_heads, config.head_dim)
+    return {
+        "input_layernorm.weight": (e,), "post_attention_layernorm.weight": (e,),
+        "self_attn.q_proj.weight": (e, h, d), "self_attn.k_proj.weight": (e, k, d),
+        "self_attn.v_proj.weight": (e, k, d), "self_attn.o_proj.weight": (h, d, e),
+        "mlp.gate_proj.weight": (e, m), "mlp.up_proj.weight": (e, m), "mlp.down_proj.weight": (m, e),
+        "self_attn.q_proj.bias": (h, d), "self_attn.k_proj.bias": (k, d), "self_attn.v_proj.bias": (k, d),
+        "self_attn.o_proj.bias": (e,),
+    }
+
+
+def params_to_hf_state_dict(params: Params, config: DecoderConfig) -> dict[str, np.ndarray]:
+    """HF-named numpy state dict (``model.layers.{i}.self_attn.q_proj.weight`` ...) from ``params``."""
+    host = jax.device_get(params)
+    out: dict[str, np.ndarray] = {"model.embed_tokens.weight": np.asarray(host["model"]["embed_tokens"]["embedding"]),
+                                  "model.norm.weight": np.asarray(host["model"]["norm"]["scale"])}
+    layers = host["model"]["layers"]
+    for suffix, path, kind in _layer_entries(config):
+        stacked = np.asarray(_get(layers, path))
+        for i in range(config.num_hidden_layers):
+            out[f"model.layers.{i}.{suffix}"] = _to_hf(kind, stacked[i])
+    if not config.tie_word_embeddings:
+        out["lm_head.weight"] = np.ascontiguousarray(np.asarray(host["lm_head"]["kernel"]).T)
+    return out
+
+
+def hf_state_dict_to_params(state: Mapping[str, np.ndarray], config: DecoderConfig,
+                            source: str = "state dict", prefix: str = "") -> Params:
+    """Inverse of ``params_to_hf_state_dict``; missing, unexpected or mis-shaped tensors raise, naming them.
+
+    ``prefix`` is prepended to every HF name (e.g. ``"model."`` inside a ``...ForCausalLM``); the
+    ``lm_head.weight`` of a tied checkpoint is ignored.
+    """
+    remaining = {k: v for k, v in state.items() if not k.endswith(_IGNORED_SUFFIXES)}
+    params: Params = {}
+
+    def take(name: str, shape: tuple[int, ...] | None = None) -> np.ndarray:
+        if name not in remaining:
+            raise KeyError(f"{source}: missing tensor {name!r}")
+        value = np.asarray(remaining.pop(name))
+        if shape is not None and int(np.prod(value.shape)) != int(np.prod(shape)):
+            raise ValueError(f"{source}: tensor {name!r} has shape {value.shape}, expected {shape} elements")
+        return value
+
+    v, e = config.vocab_size, config.hidden_size
+    emb = take(f"{prefix}model.embed_tokens.weight")
+    if emb.shape != (v, e):
+        raise ValueError(f"{source}: model.embed_tokens.weight has shape {emb.shape}, expected {(v, e)}")
+    _set(params, ("model", "embed_tokens", "embedding"), emb)
+    _set(params, ("model", "norm", "scale"), take(f"{prefix}model.norm.weight", (e,)))
+    shapes = _expected_layer_shapes(config)
+    for suffix, path, kind in _layer_entries(config):
+        per_layer = []
+        for i in range(config.num_hidden_layers):
+            w = take(f"{prefix}model.layers.{i}.{suffix}", shapes[suffix])
+            per_layer.append(_from_hf(kind, w, shapes[suffix]))
+        _set(params, ("model", "layers", *path), np.stack(per_layer))
+    if config.tie_word_embeddings:
+        remaining.pop(f"{prefix}lm_head.weight", None)
+    else:
+        head = take(f"{prefix}lm_head.weight")
+        if head.shape != (v, e):
+            raise ValueError(f"{source}: lm_head.weight has shape {head.shape}, expected {(v, e)}")
+        _set(params, ("lm_head", "kernel"), np.ascontiguousarray(head.T))
+    if remaining:
+        raise ValueError(f"{source}: unexpected tensor(s) {sorted(remaining)[:8]} (total {len(remaining)}) "
+                         f"for a {config.model_type} decoder with {config.num_hidden_layers} layers")
+    return params
+
+
+def _safetensors_files(path: str) -> list[str]:
+    index = os.path.join(path, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        with open(index) as f:
+            return sorted({os.path.join(path, name) for name in json.load(f)["weight_map"].values()})
+    single = os.path.join(path, "model.safetensors")
+    if os.path.isfile(single):
+        return [single]
+    files = sorted(os.path.join(path, n) for n in os.listdir(path) if n.endswith(".safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors files in {path}")
+    return files
+
+
+def iter_safetensors(path: str | os.PathLike) -> Iterator[tuple[str, np.ndarray]]:
+    """``(name, array)`` pairs of every tensor of an HF checkpoint directory (single or sharded)."""
+    for file in _safetensors_files(os.fspath(path)):
+        yield from load_file(file).items()
+
+
+def load_hf_dir(path: str | os.PathLike, **runtime: Any) -> tuple[DecoderConfig, Params]:
+    """``(config, params)`` from an HF directory (``config.json`` + safetensors); params as numpy float32."""
+    path = os.fspath(path)
+    config = DecoderConfig.from_pretrained_dir(path, **runtime)
+    state = {name: _to_param_dtype(arr, config.param_dtype) for name, arr in iter_safetensors(path)}
+    return config, hf_state_dict_to_params(state, config, source=path)
+
+
+def _to_param_dtype(arr: np.ndarray, dtype: str) -> np.ndarray:
+    return arr if arr.dtype == np.dtype(dtype) else arr.astype(dtype)
+
+
+def save_hf_dir(path: str | os.PathLike, params: Params, config: DecoderConfig,
+                extra_files: Mapping[str, str] | None = None) -> None:
+    """Write ``model.safetensors`` + ``config.json`` (+ ``extra_files`` name -> text) into ``path``.
+
+    The result loads with ``transformers.AutoModelForCausalLM.from_pretrained(path)`` and vLLM.
+    """
+    path = os.fspath(path)
+    os.makedirs(path, exist_ok=True)
+    state = params_to_hf_state_dict(params, config)
+    save_file(state, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(config.to_hf_dict(), f, indent=2)
+    for name, text in (extra_files or {}).items():
+        with open(os.path.join(path, name), "w") as f:
+            f.write(text)

@@ -1,0 +1,56 @@
+"""Wall-clock bounds for one score.
+
+``time_limit`` arms a POSIX interval timer (SIGALRM) around a call. Python signal handlers run only in
+the main thread, so the bound applies there (the serial path and every process-pool worker, whose
+scoring runs in the worker's main thread); elsewhere the call runs unbounded and ``time_limit`` says so
+through ``armed=False``. A handler also cannot interrupt a single long C call (one ``re`` match); the
+process pool therefore adds an outer deadline that terminates stuck workers
+(``jaxrl_hf.rewards.pool``). The built-in scorers are linear-time and read bounded windows, so they never
+get near either bound; the bounds exist for user scorers and for defence in depth.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
+
+
+class ScoreTimeout(TimeoutError):
+    """Raised inside a scorer that ran past its time limit."""
+
+
+def can_arm_timer() -> bool:
+    """True where ``time_limit`` can interrupt a call: the main thread of a POSIX process."""
+    return hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
+
+
+class _Armed:
+    def __init__(self, armed: bool) -> None:
+        self.armed = armed
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float | None) -> Iterator[_Armed]:
+    """Raise ``ScoreTimeout`` in the body if it runs longer than ``seconds`` (None or <= 0: no limit).
+
+    Restores the previous SIGALRM handler and timer on exit. Yields an object whose ``armed`` tells
+    whether the limit is in force (False off the main thread).
+    """
+    if seconds is None or seconds <= 0 or not can_arm_timer():
+        yield _Armed(False)
+        return
+
+    def _raise(signum, frame):  # noqa: ARG001 - signal handler signature
+        raise ScoreTimeout(f"score took longer than {seconds:g} s")
+
+    previous_handler = signal.signal(signal.SIGALRM, _raise)
+    previous_delay, previous_interval = signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield _Armed(True)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous_handler)
+        if previous_delay > 0:
+            signal.setitimer(signal.ITIMER_REAL, previous_delay, previous_interval)
