@@ -2,8 +2,8 @@
 
 Parses the ops of ``jitted.lower(...).compile().as_text()``: ``all-gather``, ``collective-permute``,
 ``all-reduce``, ``all-to-all``, ``reduce-scatter`` (and their async ``-start`` forms), their result
-shapes and their replica groups (explicit ``{{0,1},{2,3}}`` lists or the iota form
-``[4,2]<=[2,2,2]T(0,2,1)``). Group members are XLA partition ids; partition ``k`` runs on the
+shapes and their replica groups (explicit ``{{0,1},{2,3}}`` lists, the iota form
+``[4,2]<=[2,2,2]T(0,2,1)`` or the mesh-axes form ``mesh['axis_0'=4,'axis_1'=2] {'axis_0'}``). Group members are XLA partition ids; partition ``k`` runs on the
 ``k``-th device of the program's device assignment (the mesh's flat order), which callers pass as
 ``device_ids`` to get device ids back.
 
@@ -37,6 +37,7 @@ _OP_RE = re.compile(r"=\s*(?P<shape>\(.*?\)|[a-z0-9]+\[[0-9,]*\](?:\{[^}]*\})?)\
 _ARRAY_RE = re.compile(r"([a-z][a-z0-9]*)\[([0-9,]*)\]")
 _IOTA_RE = re.compile(r"replica_groups=\[([0-9,]+)\]<=\[([0-9,]+)\](?:T\(([0-9,]+)\))?")
 _LIST_RE = re.compile(r"replica_groups=\{((?:\{[0-9,]*\},?)*)\}")
+_MESH_RE = re.compile(r"replica_groups=mesh\[([^\]]*)\](.*?)\s*\{('[^}]*)\}")
 _PAIRS_RE = re.compile(r"source_target_pairs=\{((?:\{[0-9]+,[0-9]+\},?)*)\}")
 
 
@@ -82,7 +83,67 @@ def _shape_bytes(shape_text: str, kind: str, is_start: bool) -> int:
     return sum(sizes)
 
 
+def _iota_devices(size: int, suffix: str) -> np.ndarray:
+    """Device assignment of a printed mesh: iota when absent, else ``, device_ids=([dims]T(perm))``
+    (a transposed iota) or ``, device_ids=(3,1,...)`` (explicit) after the mesh brackets."""
+    suffix = suffix.strip()
+    if not suffix:
+        return np.arange(size)
+    m = re.fullmatch(r",\s*device_ids=\((.*)\)", suffix)
+    inner = m.group(1).strip() if m else ""
+    iota = re.fullmatch(r"\[([0-9,]+)\](?:T\(([0-9,]+)\))?", inner)
+    if iota:
+        ids = np.arange(size).reshape([int(x) for x in iota.group(1).split(",")])
+        if iota.group(2):
+            ids = ids.transpose([int(x) for x in iota.group(2).split(",")])
+        return ids.reshape(-1)
+    if re.fullmatch(r"[0-9]+(?:,[0-9]+)*", inner) and len(inner.split(",")) == size:
+        return np.array([int(x) for x in inner.split(",")])
+    raise ValueError(f"unrecognised device assignment {suffix!r} in a mesh replica group")
+
+
+def _mesh_groups(axes_text: str, suffix: str, refs_text: str) -> tuple[tuple[int, ...], ...]:
+    """Groups of ``mesh['a'=4,'b'=2] {'a'}`` (XLA's MeshAxesReplicaGroupList): members vary along the
+    listed axes (``'a':(pre)size`` is the sub-axis of size ``size`` after ``pre``), rest fixed."""
+    names, sizes = [], []
+    for item in filter(None, (x.strip() for x in axes_text.split(","))):
+        m = re.fullmatch(r"'([^']+)'=([0-9]+)", item)
+        if not m:
+            raise ValueError(f"unrecognised mesh axis {item!r} in replica groups")
+        names.append(m.group(1))
+        sizes.append(int(m.group(2)))
+    refs: dict[int, list[tuple[int, int]]] = {}
+    for item in filter(None, (x.strip() for x in refs_text.split(","))):
+        m = re.fullmatch(r"'([^']+)'(?::\(([0-9]+)\)([0-9]+))?", item)
+        if not m or m.group(1) not in names:
+            raise ValueError(f"unrecognised replica-group axis {item!r} (mesh axes {names})")
+        dim = names.index(m.group(1))
+        pre, size = (int(m.group(2)), int(m.group(3))) if m.group(2) else (1, sizes[dim])
+        refs.setdefault(dim, []).append((pre, size))
+    shape: list[int] = []
+    grouped: list[int] = []
+    for dim, full in enumerate(sizes):
+        prefix = 1
+        for pre, size in sorted(refs.get(dim, [])):
+            if pre != prefix:
+                shape.append(pre // prefix)
+                prefix = pre
+            grouped.append(len(shape))
+            shape.append(size)
+            prefix *= size
+        if prefix != full:
+            shape.append(full // prefix)
+    devices = _iota_devices(int(np.prod(sizes)), suffix).reshape(shape)
+    order = [i for i in range(len(shape)) if i not in grouped] + grouped
+    group_size = int(np.prod([shape[i] for i in grouped])) if grouped else 1
+    rows = devices.transpose(order).reshape(-1, group_size)
+    return tuple(tuple(int(v) for v in row) for row in rows)
+
+
 def _parse_groups(line: str, num_partitions: int) -> tuple[tuple[int, ...], ...]:
+    m = _MESH_RE.search(line)
+    if m:
+        return _mesh_groups(m.group(1), m.group(2), m.group(3))
     m = _IOTA_RE.search(line)
     if m:
         out_shape = [int(x) for x in m.group(1).split(",")]

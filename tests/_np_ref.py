@@ -134,7 +134,9 @@ def agg(loss, mask, mode, scale=None):
     if mode == "seq-mean-token-sum":
         return np.mean([rows[i] for i in valid])
     if mode == "seq-mean-token-sum-norm":
-        return sum(rows) / (loss.shape[-1] if scale is None else scale)
+        return np.mean([rows[i] for i in valid]) / (loss.shape[-1] if scale is None else scale)
+    if mode == "token-sum":
+        return (loss * mask).sum()
     raise ValueError(mode)
 
 

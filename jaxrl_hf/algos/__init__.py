@@ -47,7 +47,6 @@ from jaxrl_hf.algos.policy_losses import (
     compute_policy_loss_gpg,
     compute_policy_loss_gspo,
     compute_policy_loss_vanilla,
-    effective_loss_agg_mode,
     get_policy_loss,
     register_policy_loss,
 )

@@ -5,7 +5,8 @@ Modes (verl's ``actor.loss_agg_mode``):
 * ``token-mean``               Σ_{i,t} m_it ℓ_it / Σ_{i,t} m_it                  (DAPO eq.10, token-level loss)
 * ``seq-mean-token-mean``      (1/B') Σ_i [Σ_t m_it ℓ_it / Σ_t m_it]              (GRPO eq.4, sample-level)
 * ``seq-mean-token-sum``       (1/B') Σ_i Σ_t m_it ℓ_it
-* ``seq-mean-token-sum-norm``  Σ_i Σ_t m_it ℓ_it / L  with L = ``loss_scale_factor`` (default T) (Dr.GRPO)
+* ``seq-mean-token-sum-norm``  (1/(B'·L)) Σ_i Σ_t m_it ℓ_it, L = ``loss_scale_factor`` (default T) (Dr.GRPO eq.3)
+* ``token-sum``                Σ_{i,t} m_it ℓ_it
 
 B' counts the sequences with at least one valid token (fully masked rows, e.g. overlong-filtered samples,
 do not dilute the mean).
@@ -31,14 +32,14 @@ from jaxrl_hf.algos.masked import MASK_EPS, masked_sum
 
 Array = jax.Array
 
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", "token-sum")
 
 
 class LossParts(NamedTuple):
     """Additive pieces of an aggregated loss: ``loss = numerator / denominator``.
 
-    For every mode both fields add up across micro-batches, except that for ``seq-mean-token-sum-norm`` the
-    denominator is the constant scale L (not summed; :func:`combine_loss_parts` handles it).
+    Both fields add up across micro-batches (for ``token-sum`` the denominator is the constant 1 and is not
+    summed; :func:`combine_loss_parts` handles it).
     """
 
     numerator: Array
@@ -58,6 +59,8 @@ def agg_loss_parts(
     mask = jnp.asarray(loss_mask, dtype=loss_mat.dtype)
     if loss_agg_mode == "token-mean":
         return LossParts(masked_sum(loss_mat, mask), jnp.sum(mask))
+    if loss_agg_mode == "token-sum":
+        return LossParts(masked_sum(loss_mat, mask), jnp.ones((), loss_mat.dtype))
     token_sums = masked_sum(loss_mat, mask, axis=-1)
     tokens_per_seq = jnp.sum(mask, axis=-1)
     valid_seq = (tokens_per_seq > 0).astype(loss_mat.dtype)
@@ -67,7 +70,7 @@ def agg_loss_parts(
     if loss_agg_mode == "seq-mean-token-sum":
         return LossParts(jnp.sum(token_sums * valid_seq), jnp.sum(valid_seq))
     scale = loss_mask.shape[-1] if loss_scale_factor is None else loss_scale_factor
-    return LossParts(jnp.sum(token_sums), jnp.asarray(scale, loss_mat.dtype))
+    return LossParts(jnp.sum(token_sums * valid_seq), jnp.sum(valid_seq) * scale)
 
 
 def agg_loss_denominator(loss_mask: Array, loss_agg_mode: str, *, loss_scale_factor: float | None = None) -> Array:
@@ -77,12 +80,12 @@ def agg_loss_denominator(loss_mask: Array, loss_agg_mode: str, *, loss_scale_fac
 
 
 def combine_loss_parts(parts: Sequence[LossParts], loss_agg_mode: str) -> Array:
-    """Exact aggregate over micro-batches: Σ numerators / Σ denominators (constant L for ``-sum-norm``)."""
+    """Exact aggregate over micro-batches: Σ numerators / Σ denominators (1 for ``token-sum``)."""
     _check_mode(loss_agg_mode)
     if not parts:
         raise ValueError("combine_loss_parts needs at least one LossParts")
     numerator = sum(p.numerator for p in parts)
-    if loss_agg_mode == "seq-mean-token-sum-norm":
+    if loss_agg_mode == "token-sum":
         denominator = parts[0].denominator
     else:
         denominator = sum(p.denominator for p in parts)

@@ -38,12 +38,6 @@ def get_policy_loss(name: str) -> PolicyLossFn:
     return POLICY_LOSSES.get(name)
 
 
-def effective_loss_agg_mode(loss_mode: str, loss_agg_mode: str) -> str:
-    """The aggregation a loss actually uses (GSPO always aggregates per sequence), for computing
-    ``global_denominator`` consistently with the loss."""
-    return getattr(get_policy_loss(loss_mode), "forced_loss_agg_mode", None) or loss_agg_mode
-
-
 def _clip_range(clip_ratio: float, clip_ratio_low: float | None, clip_ratio_high: float | None) -> tuple[float, float]:
     low = clip_ratio if clip_ratio_low is None else clip_ratio_low
     high = clip_ratio if clip_ratio_high is None else clip_ratio_high
@@ -115,6 +109,7 @@ def compute_policy_loss_gspo(
     clip_ratio_low: float | None = None,
     clip_ratio_high: float | None = None,
     rollout_is_weights: Array | None = None,
+    loss_scale_factor: float | None = None,
     global_denominator: Array | None = None,
     **_: object,
 ) -> tuple[Array, dict[str, Array]]:
@@ -122,8 +117,8 @@ def compute_policy_loss_gspo(
 
     s_i = exp((1/|y_i|) Σ_t (log π − log π_old)) is the length-normalised sequence ratio; each token uses
     s_it = sg[s_i] · π_t / sg[π_t] (value s_i, gradient of the token's own log-prob), clamped at log 10,
-    clipped to [1−ε_low, 1+ε_high] PPO-style, and aggregated per sequence (``seq-mean-token-mean``, always:
-    ``loss_agg_mode`` is ignored, as the ratio is a sequence quantity).
+    clipped to [1−ε_low, 1+ε_high] PPO-style. The paper aggregates per sequence, hence the default
+    ``loss_agg_mode="seq-mean-token-mean"`` (other modes are honoured, as in verl).
     """
     low, high = _clip_range(clip_ratio, clip_ratio_low, clip_ratio_high)
     sg = jax.lax.stop_gradient
@@ -136,16 +131,14 @@ def compute_policy_loss_gspo(
     pg_losses1 = -advantages * ratio
     pg_losses2 = -advantages * jnp.clip(ratio, 1.0 - low, 1.0 + high)
     pg_losses = _weighted(jnp.maximum(pg_losses1, pg_losses2), rollout_is_weights)
-    loss = agg_loss(pg_losses, response_mask, "seq-mean-token-mean", global_denominator=global_denominator)
+    loss = agg_loss(pg_losses, response_mask, loss_agg_mode, loss_scale_factor=loss_scale_factor,
+                    global_denominator=global_denominator)
     metrics = {
         "pg_clipfrac": masked_mean(sg((pg_losses2 > pg_losses1).astype(log_prob.dtype)), response_mask),
         "pg_clipfrac_lower": jnp.zeros((), log_prob.dtype),
         "ppo_kl": masked_mean(sg(-neg_kl), response_mask),
     }
     return loss, metrics
-
-
-compute_policy_loss_gspo.forced_loss_agg_mode = "seq-mean-token-mean"  # type: ignore[attr-defined]
 
 
 @register_policy_loss("cispo")

@@ -90,13 +90,23 @@ class ProcessHost:
         """OS process id (tests use it to kill a process)."""
         return os.getpid()
 
-    def add_role(self, role: str, spec: tuple[type, tuple, dict]) -> MeshCoords:
-        """Instantiate ``worker_cls(*args, **kwargs)`` for ``role``; return its mesh coordinates."""
-        worker_cls, args, kwargs = spec
+    def add_role(self, role: str, spec: tuple[bytes, tuple, dict]) -> MeshCoords:
+        """Instantiate the pickled worker class with ``(args, kwargs)`` for ``role``; return its
+        mesh coordinates."""
+        class_bytes, args, kwargs = spec
         if role in self._workers:
             raise ValueError(f"role {role!r} already exists on pool {self.pool_name!r} rank {self.rank}")
         context = WorkerContext(role, self.pool_name, self.rank, self.world_size)
         try:
+            try:
+                worker_cls = ray.cloudpickle.loads(class_bytes)
+            except ImportError as err:
+                raise ImportError(
+                    f"the worker class cannot be unpickled in process {self.rank} of pool "
+                    f"{self.pool_name!r}: {err}. Define it in an importable module (an installed "
+                    "package), in the driver's __main__, or call "
+                    "ray.cloudpickle.register_pickle_by_value(module) on the driver"
+                ) from err
             worker = worker_cls._instantiate(context, tuple(args), dict(kwargs))
             coords = worker.mesh_coords()
         except Exception as err:  # noqa: BLE001 - reported with role/rank to the driver

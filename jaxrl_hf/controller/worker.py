@@ -92,3 +92,17 @@ class Worker:
         if self.mesh is not None:
             return coords_from_mesh(self.mesh)
         return MeshCoords(dp_rank=self.rank, dp_size=self.world_size)
+
+
+def process_local_rows(array: Any) -> np.ndarray:
+    """This process's rows of a global ``jax.Array`` sharded along axis 0 (replicas dropped).
+
+    The inverse of ``jax.make_array_from_process_local_data`` for a row-sharded array: what a DP
+    method returns to the controller.
+    """
+    if array.ndim == 0:
+        raise ValueError("process_local_rows needs an array with a leading (row) axis, got a scalar")
+    pieces: dict[int, np.ndarray] = {}
+    for shard in array.addressable_shards:
+        pieces.setdefault(shard.index[0].start or 0, np.asarray(shard.data))
+    return np.concatenate([pieces[k] for k in sorted(pieces)], axis=0)

@@ -155,7 +155,7 @@ class StrategyCache:
             _, strategy, costs, reshard, extra = best
             for i, ((stage, _), cost) in enumerate(zip(gen_ops, costs)):
                 add(stage, cost, reshard if i == 0 else 0.0)
-            peak = max(peak, opt.persistent + budget)  # generation fills the KV budget
+            peak = max(peak, opt.persistent + extra + max(c.kv_bytes for c in costs))
         return ModelPlan(spec.name, strategy, lat, work, opt.persistent, peak)
 
     # ---- per colocated set --------------------------------------------------------------------

@@ -5,8 +5,8 @@ from jaxrl_hf.placement.search import Candidate, SearchResult
 
 
 def placement_label(cand: Candidate) -> str:
-    """e.g. "actor+ref@8 | critic+reward@8"."""
-    return " | ".join(f"{'+'.join(b)}@{a}" for b, a in zip(cand.placement, cand.devices))
+    """e.g. "actor+ref@8 / critic+reward@8"."""
+    return " / ".join(f"{'+'.join(b)}@{a}" for b, a in zip(cand.placement, cand.devices))
 
 
 def strategies_label(cand: Candidate) -> str:

@@ -30,6 +30,7 @@ class OpCost:
     bytes_moved: float
     comm_s: float
     waves: int = 1
+    kv_bytes: float = 0.0  # per-device KV cache in use (generation)
 
 
 def ring_allreduce_s(nbytes: float, n: int, bandwidth: float, alpha: float) -> float:
@@ -74,7 +75,8 @@ def simulate_train(arch: ModelArch, wl: Workload, s: ParallelStrategy, cluster: 
     optimizer_bytes = steps * arch.num_params * 2 * (opts.weight_bytes + opts.grad_bytes + opts.optimizer_bytes)
     work = _work_time(flops, weight_reads + optimizer_bytes, s.devices, cluster, opts.dtype) * bubble
     launch = micro_batches * passes * arch.num_layers / s.p * dev.layer_overhead_s * bubble
-    act_bytes = opts.train_micro_batch * seq * arch.hidden * opts.weight_bytes
+    mb = min(opts.train_micro_batch, math.ceil(per_step_seqs / s.d))
+    act_bytes = mb * seq * arch.hidden * opts.weight_bytes
     ar_per_layer = 2 * (1 + (1 if opts.activation_recompute else 0)) + 2
     tp = micro_batches * arch.num_layers / s.p * ar_per_layer * _tp_allreduce_s(act_bytes, s.t, cluster)
     pp = 0.0
@@ -157,7 +159,7 @@ def simulate_generate(arch: ModelArch, wl: Workload, s: ParallelStrategy, cluste
     comm = waves * (2 * arch.num_layers * _tp_allreduce_s(batch * P * arch.hidden * opts.weight_bytes, tg, cluster)
                     + R * step_comm)
     flops = waves * (pre_flops + R * step_flops)
-    return OpCost(waves * (prefill + decode), flops, waves * (pre_bytes + R * step_bytes), comm, waves)
+    return OpCost(waves * (prefill + decode), flops, waves * (pre_bytes + R * step_bytes), comm, waves, batch * kv_seq)
 
 
 def simulate_op(arch: ModelArch, wl: Workload, s: ParallelStrategy, cluster: Cluster, opts: SimOptions,

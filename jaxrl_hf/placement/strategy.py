@@ -55,7 +55,7 @@ class ParallelStrategy:
 
     def label(self) -> str:
         base = f"p{self.p}-t{self.t}-d{self.d}"
-        return base if self.p_g is None else f"{base}|gen p{self.p_g}-t{self.t_g}"
+        return base if self.p_g is None else f"{base} gen(p{self.p_g}-t{self.t_g})"
 
     def to_dict(self) -> dict:
         out = {"pp": self.p, "tp": self.t, "dp": self.d}

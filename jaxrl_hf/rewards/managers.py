@@ -184,10 +184,8 @@ class NaiveRewardManager:
         rows = np.nonzero(has_token)[0]
         scores[rows, last[rows]] = rewards[rows]
 
-        extras: dict[str, list] = defaultdict(list)
-        for r in results:
-            for key in set(r) | {"score", "acc", "pred", "timed_out"}:
-                extras[key].append(r.get(key))
+        keys = {"score", "acc", "pred", "timed_out"}.union(*(r.keys() for r in results))
+        extras: dict[str, list] = {key: [r.get(key) for r in results] for key in sorted(keys)}  # aligned per sample
         extras.update(extra_lists)
         acc = np.array([float(a) if a is not None else 0.0 for a in extras["acc"]])
         metrics = {

@@ -2,7 +2,7 @@
 
 Both paths bound every score in time (``timeouts.time_limit``, armed in the worker's main thread) and
 turn a timed-out score into 0 with a logged warning. The pool adds an outer deadline for hangs that a
-signal cannot interrupt (one long C call): when it passes, the pool is terminated and the unfinished
+signal cannot interrupt (one long C call that never checks for signals): when it passes, the pool is terminated and the unfinished
 responses are rescored one per task in a fresh pool, so a single pathological response cannot take
 its neighbours' scores with it; what still does not finish scores 0, with a warning.
 

@@ -3,8 +3,8 @@
 ``time_limit`` arms a POSIX interval timer (SIGALRM) around a call. Python signal handlers run only in
 the main thread, so the bound applies there (the serial path and every process-pool worker, whose
 scoring runs in the worker's main thread); elsewhere the call runs unbounded and ``time_limit`` says so
-through ``armed=False``. A handler also cannot interrupt a single long C call (one ``re`` match); the
-process pool therefore adds an outer deadline that terminates stuck workers
+through ``armed=False``. A handler also cannot interrupt a single long C call that never checks for signals
+(a C extension, a key-derivation loop); the process pool therefore adds an outer deadline that terminates stuck workers
 (``jaxrl_hf.rewards.pool``). The built-in scorers are linear-time and read bounded windows, so they never
 get near either bound; the bounds exist for user scorers and for defence in depth.
 """

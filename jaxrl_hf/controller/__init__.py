@@ -1,0 +1,45 @@
+"""Single controller (HybridFlow §2.4): the driver holds the RL control flow, worker groups hold
+the models.
+
+* `Batch` — the container flowing between roles (arrays + per-sample objects + meta info).
+* `ResourcePool` — a named set of processes/devices backed by a Ray placement group; its processes
+  form one multi-controller JAX program.
+* `Worker` + `register` — a role's per-process code and its transfer protocols (`Dispatch`).
+* `WorkerGroup` — the driver's handle on a role in every process of a pool; calls dispatch,
+  run and collect, or return a `GroupFuture` that can feed another group worker-to-worker.
+
+Colocation: several `WorkerGroup`s on one `ResourcePool` share its processes and JAX runtime.
+"""
+
+from jaxrl_hf.controller.batch import PAD_ROWS_KEY, Batch
+from jaxrl_hf.controller.errors import ControllerError, PoolBrokenError, WorkerDiedError, WorkerMethodError
+from jaxrl_hf.controller.futures import GroupFuture
+from jaxrl_hf.controller.layout import GroupLayout, MeshCoords, coords_from_mesh, coords_from_process_grid
+from jaxrl_hf.controller.protocols import Dispatch, Protocol, RankCall, register
+from jaxrl_hf.controller.resource_pool import ResourcePool, ensure_ray
+from jaxrl_hf.controller.worker import Worker, WorkerContext
+from jaxrl_hf.controller.worker_group import GroupMethod, WorkerGroup
+
+__all__ = [
+    "PAD_ROWS_KEY",
+    "Batch",
+    "ControllerError",
+    "Dispatch",
+    "GroupFuture",
+    "GroupLayout",
+    "GroupMethod",
+    "MeshCoords",
+    "PoolBrokenError",
+    "Protocol",
+    "RankCall",
+    "ResourcePool",
+    "Worker",
+    "WorkerContext",
+    "WorkerDiedError",
+    "WorkerGroup",
+    "WorkerMethodError",
+    "coords_from_mesh",
+    "coords_from_process_grid",
+    "ensure_ray",
+    "register",
+]

@@ -1,0 +1,253 @@
+"""`ResourcePool`: a named set of processes and their devices, backed by a Ray placement group.
+
+On a GPU cluster each process owns one GPU; on a CPU-only machine each process owns
+``devices_per_process`` host devices (XLA's forced host device count, for tests and development).
+The processes start on first use and form one multi-controller JAX program. Every `WorkerGroup`
+created on the same pool object runs in these same processes (colocation, HybridFlow §2.4);
+different pools get different processes (and, on GPUs, different devices).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import uuid
+from typing import Any
+
+import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from jaxrl_hf.controller.errors import ControllerError, PoolBrokenError, WorkerDiedError
+from jaxrl_hf.controller.process import ProcessHost
+
+PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+
+
+def ensure_ray() -> None:
+    """Connect to Ray if not connected: ``RAY_ADDRESS`` (an existing cluster) or a new local one."""
+    if ray.is_initialized():
+        return
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(address=os.environ["RAY_ADDRESS"])
+    else:
+        ray.init(include_dashboard=False)
+
+
+class ResourcePool:
+    """A named set of ``num_processes`` processes, each owning ``devices_per_process`` devices.
+
+    Args:
+      name: pool name (used in errors and actor names).
+      num_processes: processes in the pool = JAX processes of its program.
+      devices_per_process: CPU: forced host devices per process (default 1). GPU: must be 1/None.
+      cpus_per_process: logical Ray CPUs each process reserves; fractional so that many processes fit
+        a small machine (a CPU-heavy JAX process still uses whatever cores the OS gives it).
+      use_gpu: one GPU per process; default: whether the Ray cluster has GPUs.
+      strategy: placement group strategy (PACK keeps a pool on few nodes).
+      ready_timeout_s: how long to wait for resources and for the JAX program to form.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        num_processes: int = 1,
+        devices_per_process: int | None = None,
+        *,
+        cpus_per_process: float = 0.25,
+        use_gpu: bool | None = None,
+        strategy: str = "PACK",
+        ready_timeout_s: float = 120.0,
+    ):
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"ResourcePool name must be a non-empty string, got {name!r}")
+        if not isinstance(num_processes, int) or num_processes < 1:
+            raise ValueError(f"ResourcePool {name!r}: num_processes must be a positive int, got {num_processes!r}")
+        if devices_per_process is not None and (not isinstance(devices_per_process, int) or devices_per_process < 1):
+            raise ValueError(
+                f"ResourcePool {name!r}: devices_per_process must be a positive int, got {devices_per_process!r}"
+            )
+        if cpus_per_process < 0:
+            raise ValueError(f"ResourcePool {name!r}: cpus_per_process must be >= 0, got {cpus_per_process}")
+        if strategy not in PLACEMENT_STRATEGIES:
+            raise ValueError(f"ResourcePool {name!r}: strategy {strategy!r} not in {PLACEMENT_STRATEGIES}")
+        self.name = name
+        self.num_processes = num_processes
+        self.requested_devices_per_process = devices_per_process
+        self.cpus_per_process = float(cpus_per_process)
+        self.use_gpu = use_gpu
+        self.strategy = strategy
+        self.ready_timeout_s = ready_timeout_s
+        self.submit_lock = threading.RLock()  # one submission order for all ranks (SPMD lockstep)
+        self._hosts: list[Any] | None = None
+        self._placement_group = None
+        self._process_info: list[dict[str, Any]] = []
+        self._roles: set[str] = set()
+        self._broken: str | None = None
+        self._start_lock = threading.Lock()
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def platform(self) -> str:
+        """``"gpu"`` or ``"cpu"`` (decided when the pool starts)."""
+        return "gpu" if self.use_gpu else "cpu"
+
+    @property
+    def devices_per_process(self) -> int:
+        """Devices each process owns."""
+        return self.requested_devices_per_process or 1
+
+    @property
+    def started(self) -> bool:
+        """Whether the processes are running."""
+        return self._hosts is not None
+
+    @property
+    def hosts(self) -> list[Any]:
+        """Ray actor handles of the processes, rank order (starts the pool if needed)."""
+        self.start()
+        assert self._hosts is not None
+        return self._hosts
+
+    @property
+    def process_info(self) -> list[dict[str, Any]]:
+        """Per rank: pid, process_index, process_count, device_count, local_device_count."""
+        self.start()
+        return list(self._process_info)
+
+    def __repr__(self) -> str:
+        state = "broken" if self._broken else ("started" if self.started else "not started")
+        return (
+            f"ResourcePool({self.name!r}, num_processes={self.num_processes}, "
+            f"devices_per_process={self.devices_per_process}, {state})"
+        )
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        """Reserve resources, start the processes and form the JAX program (idempotent)."""
+        with self._start_lock:
+            if self._hosts is not None:
+                return
+            self.check_healthy()
+            ensure_ray()
+            self._decide_platform()
+            bundle = {"CPU": self.cpus_per_process} if self.cpus_per_process else {}
+            if self.use_gpu:
+                bundle["GPU"] = 1
+            if not bundle:
+                bundle = {"CPU": 0.001}  # a placement group bundle cannot be empty
+            group = placement_group(
+                [dict(bundle) for _ in range(self.num_processes)], strategy=self.strategy,
+                name=f"jaxrl_hf.{self.name}.{uuid.uuid4().hex[:8]}",
+            )
+            try:
+                ray.get(group.ready(), timeout=self.ready_timeout_s)
+            except ray.exceptions.GetTimeoutError:
+                remove_placement_group(group)
+                raise ControllerError(
+                    f"ResourcePool {self.name!r}: {self.num_processes} x {bundle} could not be reserved "
+                    f"within {self.ready_timeout_s} s; available: {ray.available_resources()}"
+                ) from None
+            self._placement_group = group
+            hosts = [self._spawn(group, rank, bundle) for rank in range(self.num_processes)]
+            try:
+                self._process_info = self._join(hosts)
+            except BaseException:
+                self._kill(hosts)
+                remove_placement_group(group)
+                self._placement_group = None
+                raise
+            self._hosts = hosts
+
+    def _decide_platform(self) -> None:
+        if self.use_gpu is None:
+            self.use_gpu = ray.cluster_resources().get("GPU", 0) > 0
+        if self.use_gpu and self.devices_per_process != 1:
+            raise ValueError(
+                f"ResourcePool {self.name!r}: on GPUs each process owns one GPU; got "
+                f"devices_per_process={self.requested_devices_per_process} (use num_processes instead)"
+            )
+
+    def _spawn(self, group: Any, rank: int, bundle: dict[str, float]) -> Any:
+        actor_cls = ray.remote(ProcessHost)
+        return actor_cls.options(
+            num_cpus=bundle.get("CPU", 0),
+            num_gpus=bundle.get("GPU", 0),
+            max_concurrency=1,
+            max_restarts=0,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=rank),
+        ).remote(self.name, rank, self.num_processes, self.platform, self.devices_per_process)
+
+    def _join(self, hosts: list[Any]) -> list[dict[str, Any]]:
+        from jaxrl_hf.controller.futures import gather_results
+
+        coordinator = None
+        if len(hosts) > 1:
+            coordinator = gather_results(
+                [hosts[0].coordinator_address.remote()], self.name, "<pool>", "coordinator_address",
+                self.ready_timeout_s,
+            )[0]
+        info = gather_results(
+            [h.join.remote(coordinator, int(self.ready_timeout_s)) for h in hosts],
+            self.name, "<pool>", "jax.distributed.initialize", self.ready_timeout_s,
+        )
+        expected = self.num_processes * self.devices_per_process
+        for rank, item in enumerate(info):
+            if item["process_count"] != self.num_processes or item["device_count"] != expected:
+                raise ControllerError(
+                    f"ResourcePool {self.name!r} rank {rank}: JAX program has {item['process_count']} "
+                    f"processes / {item['device_count']} devices, expected {self.num_processes} / {expected}"
+                )
+        return info
+
+    @staticmethod
+    def _kill(hosts: list[Any]) -> None:
+        for host in hosts:
+            try:
+                ray.kill(host, no_restart=True)
+            except Exception:  # noqa: BLE001 - already dead
+                pass
+
+    def shutdown(self) -> None:
+        """Kill the processes and release the placement group; the pool cannot be restarted."""
+        with self._start_lock:
+            if self._hosts is not None:
+                self._kill(self._hosts)
+            if self._placement_group is not None:
+                try:
+                    remove_placement_group(self._placement_group)
+                except Exception:  # noqa: BLE001 - Ray already gone
+                    pass
+            self._hosts, self._placement_group = None, None
+            self._broken = self._broken or "shut down"
+
+    def __enter__(self) -> ResourcePool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    # ------------------------------------------------------------------ roles and health
+    def claim_role(self, name: str, explicit: bool) -> str:
+        """Reserve a role name on this pool; an implicit name gets a numeric suffix when taken."""
+        if explicit and name in self._roles:
+            raise ValueError(f"ResourcePool {self.name!r} already hosts role {name!r}; roles: {sorted(self._roles)}")
+        candidate, n = name, 1
+        while candidate in self._roles:
+            candidate, n = f"{name}_{n}", n + 1
+        self._roles.add(candidate)
+        return candidate
+
+    def release_role(self, name: str) -> None:
+        """Free a role name."""
+        self._roles.discard(name)
+
+    def mark_broken(self, failure: WorkerDiedError) -> None:
+        """Record that a process died: the SPMD program cannot continue."""
+        if self._broken is None:
+            self._broken = str(failure)
+
+    def check_healthy(self) -> None:
+        """Raise `PoolBrokenError` if a process of this pool died (or it was shut down)."""
+        if self._broken is not None:
+            raise PoolBrokenError(f"ResourcePool {self.name!r} is unusable: {self._broken}")

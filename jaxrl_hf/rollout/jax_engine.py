@@ -1,0 +1,244 @@
+"""Native JAX generation engine: batched prefill + jitted decode loop over a static KV cache.
+
+``JaxGenerationEngine.generate(prompts, SamplingParams(...))`` left-pads the prompts to a length
+bucket, repeats each prompt ``n`` times (interleaved, as verl's ``repeat(interleave=True)``), pads the
+batch to a batch bucket, and runs one compiled program: prefill over the prompt, then a
+``lax.while_loop`` that emits one token per row per step, stops a row after its first stop token
+(EOS included in the response and its mask), and exits early when every row has stopped.
+Buckets bound recompilation: calls whose (batch bucket, length bucket, max_new_tokens, top_k,
+greedy, logprobs mode, stop ids) agree reuse the compiled program; temperature, top-p and the seed
+are runtime values.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+from functools import partial
+from typing import Any, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrl_hf.models.config import DecoderConfig
+from jaxrl_hf.models.forward import make_module, param_shardings
+from jaxrl_hf.models.llama import KV_CACHE_LOGICAL_AXES, CausalLM, default_positions, init_kv_cache
+from jaxrl_hf.rollout.sampling import LOGPROBS_MODES, sample_tokens
+
+DEFAULT_LENGTH_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+DEFAULT_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """Sampling options. ``temperature == 0`` or ``greedy=True`` means argmax decoding."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    n: int = 1
+    max_new_tokens: int = 128
+    greedy: bool = False
+    stop_token_ids: tuple[int, ...] = ()
+    seed: int = 0
+    logprobs_mode: str = "temperature"
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"SamplingParams.temperature must be >= 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"SamplingParams.top_k must be >= 0 (0 disables), got {self.top_k}")
+        if self.n < 1:
+            raise ValueError(f"SamplingParams.n must be >= 1, got {self.n}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"SamplingParams.max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.logprobs_mode not in LOGPROBS_MODES:
+            raise ValueError(f"SamplingParams.logprobs_mode={self.logprobs_mode!r}; valid: {LOGPROBS_MODES}")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.greedy or self.temperature == 0.0
+
+
+@dataclasses.dataclass
+class GenerationOutput:
+    """Host (numpy) results for ``B * n`` rows, row ``i`` answering prompt ``i // n``."""
+
+    prompt_ids: np.ndarray       # [B*n, P] int32, left-padded with pad_token_id
+    prompt_mask: np.ndarray      # [B*n, P] int32
+    response_ids: np.ndarray     # [B*n, max_new] int32, pad_token_id after the stop token
+    response_mask: np.ndarray    # [B*n, max_new] int32, 1 up to and including the stop token
+    log_probs: np.ndarray        # [B*n, max_new] float32 sampler log-probs, 0 where the mask is 0
+    finish_reason: list[str]     # "stop" (hit a stop token) or "length"
+
+    @property
+    def response_lengths(self) -> np.ndarray:
+        return self.response_mask.sum(axis=1)
+
+
+def _bucket(value: int, buckets: Sequence[int], what: str, multiple: int = 1) -> int:
+    i = bisect.bisect_left(buckets, value)
+    if i == len(buckets):
+        raise ValueError(f"{what} {value} exceeds the largest bucket {buckets[-1]}; pass larger buckets")
+    size = buckets[i]
+    return -(-size // multiple) * multiple
+
+
+def _generate_program(params: Any, prompt_ids: jnp.ndarray, prompt_mask: jnp.ndarray, row_valid: jnp.ndarray,
+                      row_keys: jax.Array, temperature: jnp.ndarray, top_p: jnp.ndarray, *, module: CausalLM,
+                      config: DecoderConfig, max_new: int, top_k: int, use_top_p: bool, greedy: bool,
+                      logprobs_mode: str, stop_ids: tuple[int, ...], pad_id: int, cache_dtype: str) -> tuple:
+    """Prefill + decode loop (pure; jitted by the engine). Returns (tokens, mask, logprobs, stopped)."""
+    batch, prompt_len = prompt_ids.shape
+    mesh, rules = module.mesh, module.rules
+
+    def constrain(x: jnp.ndarray, names: tuple) -> jnp.ndarray:
+        if mesh is None or rules is None:
+            return x
+        spec = nn.logical_to_mesh_axes(names, rules)
+        return jax.lax.with_sharding_constraint(x, jax.sharding.NamedSharding(mesh, spec))
+
+    cache = init_kv_cache(config, batch, prompt_len + max_new, cache_dtype)
+    cache = jax.tree.map(lambda c: constrain(c, KV_CACHE_LOGICAL_AXES), cache)
+    full_mask = jnp.concatenate([prompt_mask.astype(jnp.int32), jnp.ones((batch, max_new), jnp.int32)], axis=1)
+    positions = default_positions(prompt_mask)
+    variables = {"params": params}
+    hidden, cache = module.apply(variables, prompt_ids, positions, full_mask, cache, 0,
+                                 method=CausalLM.hidden_states)
+    logits = module.apply(variables, hidden[:, -1:], method=CausalLM.logits_from_hidden)[:, 0]
+    sample = partial(sample_tokens, temperature=temperature, top_k=top_k, top_p=top_p, use_top_p=use_top_p,
+                     greedy=greedy, logprobs_mode=logprobs_mode)
+    step_keys = lambda step: jax.vmap(jax.random.fold_in, (0, None))(row_keys, step)  # noqa: E731
+    token, logp = sample(step_keys(0), logits)
+    stop_arr = jnp.asarray(stop_ids if stop_ids else (-1,), jnp.int32)
+
+    state = dict(
+        step=jnp.zeros((), jnp.int32), token=token, logp=logp, done=~row_valid.astype(bool),
+        pos=positions[:, -1] + 1, cache=cache,
+        out_tokens=jnp.full((batch, max_new), pad_id, jnp.int32), out_mask=jnp.zeros((batch, max_new), jnp.int32),
+        out_logp=jnp.zeros((batch, max_new), jnp.float32), stopped=jnp.zeros((batch,), bool))
+
+    def cond(s: dict) -> jnp.ndarray:
+        return (s["step"] < max_new) & ~jnp.all(s["done"])
+
+    def body(s: dict) -> dict:
+        step, token = s["step"], s["token"]
+        emit = ~s["done"]
+        hit_stop = emit & jnp.isin(token, stop_arr)
+        out_tokens = s["out_tokens"].at[:, step].set(jnp.where(emit, token, pad_id))
+        out_mask = s["out_mask"].at[:, step].set(emit.astype(jnp.int32))
+        out_logp = s["out_logp"].at[:, step].set(jnp.where(emit, s["logp"], 0.0))
+        feed = jnp.where(emit, token, pad_id)
+        h, new_cache = module.apply(variables, feed[:, None], s["pos"][:, None], full_mask, s["cache"],
+                                    prompt_len + step, method=CausalLM.hidden_states)
+        next_logits = module.apply(variables, h, method=CausalLM.logits_from_hidden)[:, 0]
+        next_token, next_logp = sample(step_keys(step + 1), next_logits)
+        return dict(step=step + 1, token=next_token, logp=next_logp, done=s["done"] | hit_stop, pos=s["pos"] + 1,
+                    cache=new_cache, out_tokens=out_tokens, out_mask=out_mask, out_logp=out_logp,
+                    stopped=s["stopped"] | hit_stop)
+
+    final = jax.lax.while_loop(cond, body, state)
+    return final["out_tokens"], final["out_mask"], final["out_logp"], final["stopped"]
+
+
+class JaxGenerationEngine:
+    """Batched sampler over a ``CausalLM`` param tree, optionally on a sharded mesh.
+
+    With ``mesh`` and ``rules`` (logical -> mesh axis rules, as used by ``mesh/``) the params are
+    placed by ``param_shardings`` and prompts/KV cache are sharded on the ``batch`` logical axis.
+    """
+
+    def __init__(self, config: DecoderConfig, params: Any, *, pad_token_id: int,
+                 eos_token_ids: Sequence[int] = (), mesh: jax.sharding.Mesh | None = None, rules: Any = None,
+                 length_buckets: Sequence[int] = DEFAULT_LENGTH_BUCKETS,
+                 batch_buckets: Sequence[int] = DEFAULT_BATCH_BUCKETS, cache_dtype: str | None = None) -> None:
+        if (mesh is None) != (rules is None):
+            raise ValueError("JaxGenerationEngine: pass both mesh and rules, or neither")
+        self.config = config
+        self.pad_token_id = int(pad_token_id)
+        self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
+        self.mesh, self.rules = mesh, (tuple(tuple(r) for r in rules) if rules is not None else None)
+        self.length_buckets = tuple(sorted(length_buckets))
+        self.batch_buckets = tuple(sorted(batch_buckets))
+        self.cache_dtype = cache_dtype or config.dtype
+        self._module = make_module(config, mesh, self.rules)
+        self._batch_multiple = 1
+        if mesh is not None:
+            axes = nn.logical_to_mesh_axes(("batch",), self.rules)[0]
+            names = (axes,) if isinstance(axes, str) else tuple(axes or ())
+            self._batch_multiple = int(np.prod([mesh.shape[a] for a in names])) if names else 1
+        self._program = jax.jit(
+            _generate_program,
+            static_argnames=("module", "config", "max_new", "top_k", "use_top_p", "greedy", "logprobs_mode",
+                             "stop_ids", "pad_id", "cache_dtype"))
+        self.params = None
+        self.set_params(params)
+
+    # ------------------------------------------------------------------------------------------
+    def set_params(self, params: Any) -> None:
+        """Replace the weights (e.g. after a training step); placed on the mesh when one is set."""
+        if self.mesh is not None:
+            params = jax.device_put(params, param_shardings(self.config, self.mesh, self.rules))
+        self.params = params
+
+    @property
+    def num_compilations(self) -> int:
+        """How many distinct programs have been compiled (the jit cache size)."""
+        return int(self._program._cache_size())
+
+    def _place_batch(self, x: np.ndarray) -> jax.Array:
+        if self.mesh is None:
+            return jnp.asarray(x)
+        spec = nn.logical_to_mesh_axes(("batch",) + (None,) * (x.ndim - 1), self.rules)
+        return jax.device_put(x, jax.sharding.NamedSharding(self.mesh, spec))
+
+    def _left_pad(self, prompts: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+        if len(prompts) == 0:
+            raise ValueError("generate: empty prompt list")
+        lengths = [len(p) for p in prompts]
+        for i, n in enumerate(lengths):
+            if n == 0:
+                raise ValueError(f"generate: prompt {i} is empty")
+        width = _bucket(max(lengths), self.length_buckets, "prompt length")
+        ids = np.full((len(prompts), width), self.pad_token_id, np.int32)
+        mask = np.zeros((len(prompts), width), np.int32)
+        for i, p in enumerate(prompts):
+            arr = np.asarray(p, np.int64)
+            if arr.min() < 0 or arr.max() >= self.config.vocab_size:
+                raise ValueError(f"generate: prompt {i} has token ids outside [0, {self.config.vocab_size})")
+            ids[i, width - len(p):] = arr
+            mask[i, width - len(p):] = 1
+        return ids, mask
+
+    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams = SamplingParams()) -> GenerationOutput:
+        """Sample ``sampling.n`` responses per prompt (lists of token ids, unpadded)."""
+        ids, mask = self._left_pad(prompts)
+        ids, mask = np.repeat(ids, sampling.n, axis=0), np.repeat(mask, sampling.n, axis=0)
+        rows = ids.shape[0]
+        if ids.shape[1] + sampling.max_new_tokens > self.config.max_position_embeddings:
+            raise ValueError(f"generate: prompt bucket {ids.shape[1]} + max_new_tokens {sampling.max_new_tokens} "
+                             f"exceeds max_position_embeddings {self.config.max_position_embeddings}")
+        batch = _bucket(rows, self.batch_buckets, "batch size (prompts x n)", self._batch_multiple)
+        pad_rows = batch - rows
+        ids_b = np.concatenate([ids, np.full((pad_rows, ids.shape[1]), self.pad_token_id, np.int32)])
+        mask_b = np.concatenate([mask, np.zeros((pad_rows, ids.shape[1]), np.int32)])
+        valid = np.arange(batch) < rows
+        base = jax.random.key(sampling.seed)
+        row_keys = jax.vmap(jax.random.fold_in, (None, 0))(base, jnp.arange(batch))
+        stop_ids = tuple(sorted(set(self.eos_token_ids) | set(sampling.stop_token_ids)))
+        temperature = 1.0 if sampling.is_greedy else float(sampling.temperature)
+        tokens, out_mask, logp, stopped = self._program(
+            self.params, self._place_batch(ids_b), self._place_batch(mask_b), self._place_batch(valid),
+            row_keys, jnp.float32(temperature), jnp.float32(sampling.top_p), module=self._module,
+            config=self.config, max_new=int(sampling.max_new_tokens), top_k=int(sampling.top_k),
+            use_top_p=sampling.top_p < 1.0, greedy=sampling.is_greedy, logprobs_mode=sampling.logprobs_mode,
+            stop_ids=stop_ids, pad_id=self.pad_token_id, cache_dtype=self.cache_dtype)
+        tokens, out_mask, logp, stopped = jax.device_get((tokens, out_mask, logp, stopped))
+        return GenerationOutput(
+            prompt_ids=ids, prompt_mask=mask, response_ids=np.asarray(tokens[:rows]),
+            response_mask=np.asarray(out_mask[:rows]), log_probs=np.asarray(logp[:rows], np.float32),
+            finish_reason=["stop" if s else "length" for s in stopped[:rows]])

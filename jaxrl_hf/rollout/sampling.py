@@ -1,0 +1,86 @@
+"""Pure, jit-able token sampling: temperature, top-k, top-p (nucleus), greedy, and the sampler log-prob.
+
+Conventions (``logits`` is ``[B, V]`` float32):
+  * temperature tau scales logits: z = logits / tau;
+  * top-k keeps the k largest z (k <= 0 disables);
+  * top-p keeps the smallest prefix of tokens sorted by probability whose mass reaches p
+    (Holtzman et al. 2020); the most likely token is always kept; p >= 1 disables;
+  * sampling draws from softmax of the kept z; greedy takes argmax of the raw logits.
+
+The returned log-prob of the sampled token follows ``logprobs_mode``:
+  * ``"temperature"`` (default): log softmax(logits / tau) over the full vocabulary, *without*
+    top-k/top-p renormalisation. This is what an RL trainer recomputes (``log_softmax(logits/tau)``),
+    so the rollout/trainer mismatch metric compares like with like. (vLLM's default
+    ``raw_logprobs`` is the tau = 1 case; verl recomputes with the rollout temperature.)
+  * ``"processed"``: log-prob under the distribution actually sampled from (after top-k/top-p).
+  * ``"raw"``: log softmax(logits), ignoring temperature.
+For greedy decoding the temperature is taken as 1.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+LOGPROBS_MODES = ("temperature", "processed", "raw")
+_MASKED = -jnp.inf
+
+
+def top_k_filter(logits: jnp.ndarray, k: int) -> jnp.ndarray:
+    """Set all but the ``k`` largest entries of each row to -inf (``k`` static; ``k <= 0`` is a no-op)."""
+    if k <= 0 or k >= logits.shape[-1]:
+        return logits
+    kth = jax.lax.top_k(logits, k)[0][..., -1:]
+    return jnp.where(logits >= kth, logits, _MASKED)
+
+
+def top_p_filter(logits: jnp.ndarray, p: float | jnp.ndarray) -> jnp.ndarray:
+    """Nucleus filter: keep the top tokens whose cumulative probability first reaches ``p``.
+
+    A token is kept iff the probability mass strictly before it (in descending order) is < p;
+    ties with the last kept logit are kept too. ``p >= 1`` keeps everything.
+    """
+    sorted_logits = jnp.sort(logits, axis=-1)[..., ::-1]
+    probs = jax.nn.softmax(sorted_logits, axis=-1)
+    mass_before = jnp.cumsum(probs, axis=-1) - probs
+    keep = mass_before < p
+    # Smallest kept logit per row (the first position is always kept since mass_before = 0 < p).
+    cutoff = jnp.min(jnp.where(keep, sorted_logits, jnp.inf), axis=-1, keepdims=True)
+    filtered = jnp.where(logits >= cutoff, logits, _MASKED)
+    return jnp.where(jnp.asarray(p) >= 1.0, logits, filtered)
+
+
+def process_logits(logits: jnp.ndarray, temperature: float | jnp.ndarray, top_k: int,
+                   top_p: float | jnp.ndarray, use_top_p: bool) -> jnp.ndarray:
+    """Temperature then top-k then top-p (vLLM's order); returns the tempered, filtered logits."""
+    z = logits / temperature
+    z = top_k_filter(z, top_k)
+    if use_top_p:
+        z = top_p_filter(z, top_p)
+    return z
+
+
+def sample_tokens(keys: jax.Array, logits: jnp.ndarray, temperature: float | jnp.ndarray, top_k: int = 0,
+                  top_p: float | jnp.ndarray = 1.0, use_top_p: bool = False, greedy: bool = False,
+                  logprobs_mode: str = "temperature") -> tuple[jnp.ndarray, jnp.ndarray]:
+    """Sample one token per row with its own PRNG key; returns ``(tokens [B] int32, logprob [B] f32)``.
+
+    ``keys`` is ``[B]`` typed keys, so a row's sample does not depend on the batch it is in.
+    """
+    if logprobs_mode not in LOGPROBS_MODES:
+        raise ValueError(f"logprobs_mode={logprobs_mode!r}; valid: {LOGPROBS_MODES}")
+    logits = logits.astype(jnp.float32)
+    if greedy:
+        tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        logp_all = jax.nn.log_softmax(logits, axis=-1)
+    else:
+        processed = process_logits(logits, temperature, top_k, top_p, use_top_p)
+        tokens = jax.vmap(lambda k, z: jax.random.categorical(k, z))(keys, processed).astype(jnp.int32)
+        if logprobs_mode == "processed":
+            logp_all = jax.nn.log_softmax(processed, axis=-1)
+        elif logprobs_mode == "temperature":
+            logp_all = jax.nn.log_softmax(logits / temperature, axis=-1)
+        else:
+            logp_all = jax.nn.log_softmax(logits, axis=-1)
+    logp = jnp.take_along_axis(logp_all, tokens[:, None], axis=-1)[:, 0]
+    return tokens, logp

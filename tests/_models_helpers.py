@@ -1,0 +1,26 @@
+"""Shared helpers for the models/rollout tests (tiny random configs, HF reference models)."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+
+from jaxrl_hf.models import DecoderConfig, init_params
+
+
+def tiny_config(**overrides) -> DecoderConfig:
+    base = dict(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-5, rope_theta=10000.0,
+                max_position_embeddings=256, tie_word_embeddings=False, bos_token_id=1, eos_token_ids=(2,),
+                pad_token_id=0)
+    base.update(overrides)
+    return DecoderConfig(**base)
+
+
+def random_params(config: DecoderConfig, seed: int = 0):
+    """Random params with the norms and biases perturbed too, so every tensor's mapping matters."""
+    params = init_params(config, seed)
+    leaves, treedef = jax.tree.flatten(params)
+    rng = np.random.default_rng(seed)
+    out = [np.asarray(x) + rng.normal(0, 0.1, x.shape).astype(np.float32) for x in leaves]
+    return jax.tree.unflatten(treedef, out)

@@ -1,0 +1,211 @@
+"""Decoder numerics on tiny random configs against transformers (independent torch reference)."""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from _models_helpers import random_params, tiny_config
+from jaxrl_hf.models import (DecoderConfig, forward, init_kv_cache, load_hf_dir, make_module, next_token_targets,
+                             param_logical_axes, params_to_hf_state_dict, save_hf_dir, token_log_probs_and_entropy)
+from jaxrl_hf.models.llama import CausalLM, default_positions
+from jaxrl_hf.models.rope import rope_frequencies
+from jaxrl_hf.models.weights_hf import hf_state_dict_to_params
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+
+def _hf_model(tmp_path, params, config):
+    save_hf_dir(tmp_path, params, config)
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path), dtype=torch.float32)
+    return model.eval()
+
+
+def _left_padded_batch(rng, vocab, lengths, width):
+    ids = np.zeros((len(lengths), width), np.int32)
+    mask = np.zeros((len(lengths), width), np.int32)
+    for i, n in enumerate(lengths):
+        ids[i, width - n:] = rng.integers(3, vocab, n)
+        mask[i, width - n:] = 1
+    return ids, mask
+
+
+@pytest.mark.parametrize("model_type,tied", [("llama", False), ("qwen2", True)])
+def test_logits_match_transformers_left_padded(tmp_path, model_type, tied):
+    config = tiny_config(model_type=model_type, tie_word_embeddings=tied, qkv_bias=model_type == "qwen2")
+    params = random_params(config)
+    hf = _hf_model(tmp_path, params, config)
+    assert type(hf).__name__ == {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}[model_type]
+    rng = np.random.default_rng(1)
+    ids, mask = _left_padded_batch(rng, config.vocab_size, [9, 5, 7], 9)
+    positions = np.maximum(np.cumsum(mask, 1) - 1, 0)
+    ours = np.asarray(forward(params, config, jnp.asarray(ids), jnp.asarray(mask)))
+    with torch.no_grad():
+        ref = hf(input_ids=torch.tensor(ids, dtype=torch.long), attention_mask=torch.tensor(mask),
+                 position_ids=torch.tensor(positions, dtype=torch.long)).logits.numpy()
+    valid = mask.astype(bool)
+    assert np.abs(ours[valid] - ref[valid]).max() < 1e-4
+
+
+def test_safetensors_round_trip_bit_exact(tmp_path):
+    config = tiny_config(qkv_bias=True, o_bias=True)
+    params = random_params(config, seed=3)
+    save_hf_dir(tmp_path, params, config)
+    loaded_config, loaded = load_hf_dir(tmp_path)
+    assert loaded_config == config
+    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(params), jax.tree.leaves(loaded)):
+        assert np.array_equal(np.asarray(a), b), path
+    hf_names = json.loads((tmp_path / "config.json").read_text())
+    assert hf_names["attention_bias"] is True
+    # and export(import(x)) == x on the HF side
+    state = params_to_hf_state_dict(loaded, config)
+    again = params_to_hf_state_dict(hf_state_dict_to_params(state, config), config)
+    assert state.keys() == again.keys() and all(np.array_equal(state[k], again[k]) for k in state)
+
+
+def test_import_errors_name_the_tensor():
+    config = tiny_config()
+    state = params_to_hf_state_dict(random_params(config), config)
+    broken = dict(state)
+    del broken["model.layers.1.mlp.up_proj.weight"]
+    with pytest.raises(KeyError, match="model.layers.1.mlp.up_proj.weight"):
+        hf_state_dict_to_params(broken, config, source="ckpt")
+    extra = dict(state, **{"model.layers.9.mlp.up_proj.weight": np.zeros(3, np.float32)})
+    with pytest.raises(ValueError, match="unexpected tensor.*layers.9"):
+        hf_state_dict_to_params(extra, config)
+    bad = dict(state, **{"model.norm.weight": np.zeros(5, np.float32)})
+    with pytest.raises(ValueError, match="model.norm.weight"):
+        hf_state_dict_to_params(bad, config)
+
+
+def test_config_validation_lists_valid_values():
+    with pytest.raises(ValueError, match="num_key_value_heads"):
+        tiny_config(num_attention_heads=4, num_key_value_heads=3)
+    with pytest.raises(ValueError, match="valid: .*bfloat16"):
+        tiny_config(dtype="fp8")
+    with pytest.raises(ValueError, match="supported: .*llama3"):
+        tiny_config(rope_scaling=(("factor", 2.0), ("rope_type", "dynamic")))
+    with pytest.raises(ValueError, match="unknown DecoderConfig field.*valid"):
+        tiny_config().replace(hiden_size=3)
+    with pytest.raises(ValueError, match="missing required key"):
+        DecoderConfig.from_hf_dict({"model_type": "llama", "vocab_size": 3})
+
+
+@pytest.mark.parametrize("rope", [
+    {"rope_type": "linear", "factor": 4.0},
+    {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+     "original_max_position_embeddings": 64},
+    {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
+])
+def test_rope_scaling_matches_transformers(rope):
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    hf_dict = {"model_type": "llama", "vocab_size": 97, "hidden_size": 64, "intermediate_size": 64,
+               "num_hidden_layers": 1, "num_attention_heads": 2, "max_position_embeddings": 256,
+               "rope_theta": 10000.0, "rope_scaling": rope}
+    config = DecoderConfig.from_hf_dict(hf_dict)
+    ours, scale = rope_frequencies(config)
+    hf_config = transformers.LlamaConfig(**{k: v for k, v in hf_dict.items() if k != "model_type"})
+    ref, ref_scale = ROPE_INIT_FUNCTIONS[rope["rope_type"]](hf_config, "cpu")
+    np.testing.assert_allclose(ours, ref.numpy(), rtol=1e-6)
+    assert scale == pytest.approx(ref_scale)
+
+
+def test_log_probs_and_entropy_match_float64_reference():
+    config = tiny_config()
+    params = random_params(config, seed=5)
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, config.vocab_size, (2, 11)).astype(np.int32)
+    targets = next_token_targets(jnp.asarray(ids))
+    logits = np.asarray(forward(params, config, jnp.asarray(ids)), np.float64) / 0.7
+    logp_ref = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) \
+        - logits.max(-1, keepdims=True)
+    probs = np.exp(logp_ref)
+    ent_ref = -(probs * logp_ref).sum(-1)
+    picked = np.take_along_axis(logp_ref, np.asarray(targets)[..., None], -1)[..., 0]
+    logp, ent = token_log_probs_and_entropy(params, config, jnp.asarray(ids), targets, temperature=0.7,
+                                            chunk_size=4)  # 11 is not a multiple of 4: exercises padding
+    np.testing.assert_allclose(np.asarray(logp), picked, atol=2e-5)
+    np.testing.assert_allclose(np.asarray(ent), ent_ref, atol=2e-5)
+
+
+def test_remat_and_bf16_options():
+    config = tiny_config()
+    params = random_params(config, seed=2)
+    ids = jnp.asarray(np.random.default_rng(0).integers(0, 97, (2, 8)), jnp.int32)
+    targets = next_token_targets(ids)
+
+    def loss(p, cfg):
+        return token_log_probs_and_entropy(p, cfg, ids, targets, chunk_size=3)[0].sum()
+
+    g_plain = jax.grad(loss)(params, config)
+    g_remat = jax.grad(loss)(params, config.replace(remat="full"))
+    for a, b in zip(jax.tree.leaves(g_plain), jax.tree.leaves(g_remat)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
+    f32 = np.asarray(forward(params, config, ids))
+    bf16 = np.asarray(forward(params, config.replace(dtype="bfloat16"), ids))
+    assert bf16.dtype == np.float32
+    assert np.abs(bf16 - f32).max() < 0.1 * np.abs(f32).max()
+
+
+def test_kv_cache_decode_equals_full_forward():
+    config = tiny_config()
+    params = random_params(config, seed=4)
+    rng = np.random.default_rng(2)
+    ids, mask = _left_padded_batch(rng, config.vocab_size, [6, 3], 6)
+    extra = rng.integers(3, config.vocab_size, (2, 3)).astype(np.int32)
+    full_ids = np.concatenate([ids, extra], 1)
+    full_mask = np.concatenate([mask, np.ones((2, 3), np.int32)], 1)
+    ref = np.asarray(forward(params, config, jnp.asarray(full_ids), jnp.asarray(full_mask)))
+    module = make_module(config)
+    cache = init_kv_cache(config, 2, 9)
+    pos = default_positions(jnp.asarray(full_mask))
+    logits, cache = module.apply({"params": params}, jnp.asarray(ids), pos[:, :6], jnp.asarray(full_mask), cache, 0)
+    np.testing.assert_allclose(np.asarray(logits)[mask > 0], ref[:, :6][mask > 0], atol=1e-5)
+    for t in range(3):
+        step_logits, cache = module.apply({"params": params}, jnp.asarray(extra[:, t:t + 1]), pos[:, 6 + t:7 + t],
+                                          jnp.asarray(full_mask), cache, 6 + t)
+        np.testing.assert_allclose(np.asarray(step_logits)[:, 0], ref[:, 6 + t], atol=1e-5)
+
+
+def test_logical_axes_cover_every_param():
+    config = tiny_config(qkv_bias=True)
+    axes = param_logical_axes(config)
+    params = random_params(config)
+    allowed = {"vocab", "embed", "mlp", "heads", "kv_heads", "head_dim", "layers"}
+    flat_axes = jax.tree.leaves(axes, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
+    assert jax.tree.structure(params) == jax.tree.structure(
+        axes, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
+    for spec, leaf in zip(flat_axes, jax.tree.leaves(params)):
+        assert len(spec) == np.ndim(leaf) and set(spec) <= allowed
+    assert tuple(axes["model"]["layers"]["self_attn"]["q_proj"]["kernel"]) == ("layers", "embed", "heads", "head_dim")
+    assert tuple(axes["model"]["embed_tokens"]["embedding"]) == ("vocab", "embed")
+
+
+def test_value_head_matches_transformers_sequence_classification(tmp_path):
+    from safetensors.numpy import save_file
+
+    from jaxrl_hf.models.value_head import (hf_state_dict_to_value_params, value_forward, value_params_from_lm,
+                                            value_params_to_hf_state_dict)
+
+    config = tiny_config(tie_word_embeddings=True)
+    lm = random_params(config, seed=7)
+    critic = value_params_from_lm(lm, config, rng=1, head_std=0.5)
+    assert critic["model"] is lm["model"]
+    state = value_params_to_hf_state_dict(critic, config)
+    save_file(state, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    hf_cfg = dict(config.to_hf_dict(), architectures=["LlamaForSequenceClassification"], num_labels=1)
+    (tmp_path / "config.json").write_text(json.dumps(hf_cfg))
+    hf = transformers.LlamaForSequenceClassification.from_pretrained(str(tmp_path), dtype=torch.float32).eval()
+    ids = np.random.default_rng(0).integers(3, config.vocab_size, (2, 7)).astype(np.int32)
+    values = np.asarray(value_forward(critic, config, jnp.asarray(ids)))
+    with torch.no_grad():
+        ref = hf(input_ids=torch.tensor(ids, dtype=torch.long)).logits.numpy()[:, 0]
+    np.testing.assert_allclose(values[:, -1], ref, atol=1e-5)
+    back = hf_state_dict_to_value_params(state, config)
+    assert np.array_equal(back["score"]["kernel"], np.asarray(critic["score"]["kernel"]))
