@@ -19,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from jaxrl_hf.placement import (ALGOS, ARCHS, Cluster, RolloutShape, SimOptions, arch_by_name, build_dataflow,
                                 format_top_table, load_device_profile, published_device, search)
 from jaxrl_hf.placement.cluster import ALIASES, PUBLISHED
+from jaxrl_hf.placement.memory import MEASURED_WORKLOAD_OPTIONS
 from jaxrl_hf.placement.plan_io import candidate_to_dict, write_plan
 
 
@@ -73,16 +74,19 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--out", default=None, help="write the best plan as YAML here")
     args = ap.parse_args(argv)
 
-    device = load_device_profile(args.device_profile) if args.device_profile else published_device(args.gpu)
-    opts = SimOptions() if device.source == "published" else SimOptions(dtype="f32", weight_bytes=4, grad_bytes=4,
-                                                                         optimizer_bytes=8)
-    shape = RolloutShape(prompts=args.prompts, samples_per_prompt=args.samples_per_prompt,
-                         prompt_len=args.prompt_len, response_len=args.response_len,
-                         ppo_epochs=args.ppo_epochs, mini_batches=args.mini_batches)
-    reward_arch = arch_by_name(args.reward_model_size) if args.reward_model_size else None
-    dataflow = build_dataflow(args.algo, arch_by_name(args.model_size), shape, reward_arch)
-    result = search(dataflow, Cluster(device, args.gpus), opts)
-    out = summary(result, args.top)
+    try:
+        device = load_device_profile(args.device_profile) if args.device_profile else published_device(args.gpu)
+        # datasheet GPUs: bf16 mixed precision; a measured host profile: how measure.py runs (f32)
+        opts = SimOptions() if device.source == "published" else MEASURED_WORKLOAD_OPTIONS
+        shape = RolloutShape(prompts=args.prompts, samples_per_prompt=args.samples_per_prompt,
+                             prompt_len=args.prompt_len, response_len=args.response_len,
+                             ppo_epochs=args.ppo_epochs, mini_batches=args.mini_batches)
+        reward_arch = arch_by_name(args.reward_model_size) if args.reward_model_size else None
+        dataflow = build_dataflow(args.algo, arch_by_name(args.model_size), shape, reward_arch)
+        result = search(dataflow, Cluster(device, args.gpus), opts)
+        out = summary(result, args.top)
+    except ValueError as e:
+        ap.error(str(e))
     print(f"{args.algo} {args.model_size} on {args.gpus} x {device.name}: {out['num_placements']} placements, "
           f"{out['num_feasible_placements']} feasible, {out['allocations_evaluated']} allocations, "
           f"search {out['search_wall_time_s']:.3f} s")

@@ -1,15 +1,19 @@
-"""Main entry point: ``python launch/train.py --algo dapo [key=value ...]``.
+"""Main entry point: ``python launch/train.py --algo dapo [--preset smoke[,dp2]] [key.path=value ...]``.
 
-The RL trainer (workers, the per-algorithm control flow, checkpoints) is not built yet — it is tracked as
-the "Workers, the RL trainer, and launch/train.py" issue. Until then this command says so and exits with
-status 2 rather than pretending to train. The pieces that exist can be used directly:
-``jaxrl_hf.algos`` (every estimator and loss as a pure JAX function).
+With nothing else, ``--algo dapo`` runs the embedded default: SmolLM2-135M-Instruct on synthetic arithmetic
+prompts with a GSM8K validation subset, sized for a 2-core CPU (configs/dapo.yaml over the defaults in
+jaxrl_hf/config/schema.py). ``--preset smoke`` runs any algorithm for 2 steps on a tiny random model.
+Overrides use verl's dotted keys, e.g. ``actor.clip_ratio_high=0.28 trainer.total_steps=10``.
+Exit status: 0 done, 2 bad configuration / checkpoint, 3 dynamic sampling found too few informative prompts.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 ALGOS = ("dapo", "grpo", "ppo", "remax", "rloo", "reinforce_pp", "gspo", "safe_rlhf")
 
@@ -17,19 +21,11 @@ ALGOS = ("dapo", "grpo", "ppo", "remax", "rloo", "reinforce_pp", "gspo", "safe_r
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--algo", choices=ALGOS, default="dapo")
-    parser.add_argument("--preset", default=None)
+    parser.add_argument("--preset", default=None, help="preset name(s) from configs/presets (comma-separated) or a .yaml path")
     parser.add_argument("overrides", nargs="*", help="dotted config overrides, e.g. actor.clip_ratio_high=0.28")
     args = parser.parse_args(argv)
-    try:
-        from jaxrl_hf.trainer import run  # noqa: F401  (exists once the trainer lands)
-    except ImportError:
-        print(
-            f"jaxrl_hf: the RL trainer for --algo {args.algo} is not built yet.\n"
-            "Available now: jaxrl_hf.algos (advantage estimators, policy/value losses, KL, DAPO pieces).\n"
-            "Run the test suite with `make test`.",
-            file=sys.stderr,
-        )
-        return 2
+    from jaxrl_hf.trainer import run
+
     return run(args.algo, preset=args.preset, overrides=args.overrides)
 
 

@@ -1,1 +1,39 @@
-"""Named device meshes, logical-axis sharding rules and the 3D-HybridEngine reshard."""
+"""Named device meshes, logical-axis sharding rules and the 3D-HybridEngine reshard.
+
+Modules, one concern each:
+  topology           p-t-d / p_g-t_g layouts, rank <-> group arithmetic (HybridFlow §2.5.1, §2.5.3)
+  device_mesh        jax Meshes for the training and generation layouts over the same devices
+  rules              logical-axis rules -> PartitionSpec / NamedSharding trees
+  synthetic          Llama-like synthetic param trees + logical axes (tests, benchmark)
+  hybrid_engine      to_generation / to_training, and the HybridFlow-V and DS-Chat baselines
+  hlo_collectives    collectives + per-device bytes parsed from compiled HLO text
+  transition_report  compiled-program traffic / peak memory, and timing of a transition
+"""
+
+from mesh.device_mesh import (HybridMeshes, build_hybrid_meshes, build_train_mesh, build_vanilla_generation_mesh,
+                              flat_device_ids, ordered_devices)
+from mesh.hlo_collectives import Collective, CollectiveSummary, parse_collectives, summarize
+from mesh.hybrid_engine import (METHODS, DeepSpeedChatTransition, HybridEngine, VanillaTransition, delete_tree,
+                                make_transition, shard_bytes_per_device)
+from mesh.rules import (Rules, generation_activation_rules, generation_param_rules, logical_to_shardings,
+                        logical_to_spec, logical_to_specs, optimizer_state_shardings, train_activation_rules,
+                        train_param_rules)
+from mesh.synthetic import (LLAMA_SHAPES, LlamaShape, init_params, llama_logical_axes, llama_param_shapes,
+                            llama_shape, param_bytes, param_count)
+from mesh.topology import (GenParallel, TrainParallel, generation_coords, generation_tp_groups, micro_dp_groups,
+                           parse_config, train_coords, training_model_parallel_groups)
+from mesh.transition_report import (TransitionAnalysis, analyze_transition, live_bytes_per_device,
+                                    time_transition, tree_bytes_per_device)
+
+__all__ = [
+    "HybridMeshes", "build_hybrid_meshes", "build_train_mesh", "build_vanilla_generation_mesh", "flat_device_ids",
+    "ordered_devices", "Collective", "CollectiveSummary", "parse_collectives", "summarize", "METHODS",
+    "DeepSpeedChatTransition", "HybridEngine", "VanillaTransition", "delete_tree", "make_transition",
+    "shard_bytes_per_device", "Rules", "generation_activation_rules", "generation_param_rules",
+    "logical_to_shardings", "logical_to_spec", "logical_to_specs", "optimizer_state_shardings",
+    "train_activation_rules", "train_param_rules", "LLAMA_SHAPES", "LlamaShape", "init_params",
+    "llama_logical_axes", "llama_param_shapes", "llama_shape", "param_bytes", "param_count", "GenParallel",
+    "TrainParallel", "generation_coords", "generation_tp_groups", "micro_dp_groups", "parse_config",
+    "train_coords", "training_model_parallel_groups", "TransitionAnalysis", "analyze_transition",
+    "live_bytes_per_device", "time_transition", "tree_bytes_per_device",
+]

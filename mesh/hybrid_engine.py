@@ -35,7 +35,7 @@ from mesh.topology import GenParallel
 METHODS = ("hybridflow", "hybridflow_v", "ds_chat")
 
 
-def _reshard_as_bits(out_shardings: Any):
+def _reshard_as_bits(in_shardings: Any, out_shardings: Any):
     """Identity that moves 16-bit floats as ``uint16`` bits.
 
     XLA's CPU backend runs bf16/f16 collectives in f32 (convert, all-gather, convert back), which
@@ -43,17 +43,20 @@ def _reshard_as_bits(out_shardings: Any):
     element. On backends with native 16-bit collectives the two bitcasts are free.
     """
     def reshard(tree: Any) -> Any:
-        def one(x: Any, sharding: NamedSharding) -> Any:
+        def one(x: Any, source: NamedSharding, target: NamedSharding) -> Any:
             if jnp.issubdtype(x.dtype, jnp.floating) and jnp.dtype(x.dtype).itemsize == 2:
-                bits = jax.lax.with_sharding_constraint(jax.lax.bitcast_convert_type(x, jnp.uint16), sharding)
+                # bitcast where the data is, move the bits, bitcast back where it lands; the barrier
+                # keeps XLA from folding the bitcasts back around the collective
+                bits = jax.lax.with_sharding_constraint(jax.lax.bitcast_convert_type(x, jnp.uint16), source)
+                bits = jax.lax.optimization_barrier(jax.lax.with_sharding_constraint(bits, target))
                 return jax.lax.bitcast_convert_type(bits, x.dtype)
             return x
-        return jax.tree.map(one, tree, out_shardings)
+        return jax.tree.map(one, tree, in_shardings, out_shardings)
     return reshard
 
 
 def _jit_reshard(in_shardings: Any, out_shardings: Any, donate: bool) -> Any:
-    return jax.jit(_reshard_as_bits(out_shardings), in_shardings=(in_shardings,), out_shardings=out_shardings,
+    return jax.jit(_reshard_as_bits(in_shardings, out_shardings), in_shardings=(in_shardings,), out_shardings=out_shardings,
                    donate_argnums=(0,) if donate else ())
 
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import numpy as np
 
-from jaxrl_hf.models import DecoderConfig, init_params
+from jaxrl_hf.models import DecoderConfig, forward, init_params
 
 
 def tiny_config(**overrides) -> DecoderConfig:
@@ -17,10 +19,14 @@ def tiny_config(**overrides) -> DecoderConfig:
     return DecoderConfig(**base)
 
 
+@functools.lru_cache(maxsize=32)
 def random_params(config: DecoderConfig, seed: int = 0):
-    """Random params with the norms and biases perturbed too, so every tensor's mapping matters."""
+    """Random params with the norms and biases perturbed too, so every tensor's mapping matters (cached)."""
     params = init_params(config, seed)
     leaves, treedef = jax.tree.flatten(params)
     rng = np.random.default_rng(seed)
     out = [np.asarray(x) + rng.normal(0, 0.1, x.shape).astype(np.float32) for x in leaves]
     return jax.tree.unflatten(treedef, out)
+
+
+jit_forward = jax.jit(forward, static_argnums=1)

@@ -82,6 +82,12 @@ class Faulty(Worker):
         return os.getpid()
 
 
+class Sink(Worker):
+    @register(dispatch=Dispatch.DP_COMPUTE)
+    def take(self, batch: Batch) -> Batch:
+        return batch
+
+
 def test_remote_exception_names_role_rank_method_with_traceback(ray_cluster):
     with ResourcePool("faulty", num_processes=2, devices_per_process=1) as pool:
         group = WorkerGroup(pool, Faulty, role="scorer")
@@ -95,6 +101,10 @@ def test_remote_exception_names_role_rank_method_with_traceback(ray_cluster):
         assert 'raise ValueError(f"bad row' in message  # the remote source line, from the traceback
         # a Python exception does not break the pool
         assert len(set(group.pids())) == 2
+        # a failed future passed on worker-to-worker reports the producer's failure, not the consumer's
+        sink = WorkerGroup(pool, Sink, role="sink")
+        with pytest.raises(WorkerMethodError, match=r"role 'scorer' rank 1 method 'check_rows' raised ValueError"):
+            sink.take(group.check_rows.submit(Batch.from_dict({"x": np.arange(4)})))
 
         with pytest.raises(WorkerMethodError, match=r"role 'loader' rank 0 method '__init__' raised RuntimeError"):
             WorkerGroup(pool, Faulty, 0, role="loader")

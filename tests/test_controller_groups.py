@@ -24,6 +24,7 @@ from jaxrl_hf.controller import (
     ResourcePool,
     Worker,
     WorkerGroup,
+    colocate,
     ensure_ray,
     register,
 )
@@ -132,6 +133,11 @@ class TensorParallel(Worker):
     def coords(self) -> dict:
         return self.mesh_coords().as_dict()
 
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def use_data_parallel_mesh(self) -> None:
+        """Rebuild the mesh as dp=8 (e.g. switching from training to generation layout)."""
+        self.build_mesh({"dp": 8})
+
 
 def test_mesh_dp_replicates_across_tp_and_collects_tp0(main_pool):
     group = WorkerGroup(main_pool, TensorParallel)
@@ -141,6 +147,11 @@ def test_mesh_dp_replicates_across_tp_and_collects_tp0(main_pool):
     out = group.forward(Batch.from_dict({"x": x}))
     np.testing.assert_allclose(out["y"], 3 * x)
     assert (out["rank"] == 0).all()  # only tp rank 0 contributes; rank 1 computed the same rows
+    group.use_data_parallel_mesh()
+    assert group.refresh_layout().coords == (MeshCoords(0, 2), MeshCoords(1, 2))
+    out = group.forward(Batch.from_dict({"x": x}))
+    np.testing.assert_allclose(out["y"], 3 * x)
+    np.testing.assert_array_equal(out["rank"], [0] * 4 + [1] * 4)  # now split by dp across processes
     group.close()
 
 
@@ -195,6 +206,8 @@ def test_protocols_over_ray_with_padding(main_pool):
     # futures into ONE_TO_ALL (every rank resolves the whole value) and ALL_TO_ALL (rank i <- rank i)
     assert group.count_rows(group.sample.submit(Batch.from_dict({"id": np.arange(5)}), n=3)) == [15, 15]
     assert group.scale(group.scale.submit([1.0, 1.0])) == [1.0, 4.0]
+    big = Batch.from_dict({"x": np.zeros((600, 1024), np.float32)})  # 2.4 MB: put once, shared
+    assert group.count_rows(big) == [600, 600]
     assert group.offset(5) == 5  # custom dispatch: rank r gets base 10*r; custom collect: rank 0 only
     with pytest.raises(ValueError, match="ALL_TO_ALL argument #0 must be a list with one element per rank"):
         group.scale([1.0])
@@ -229,10 +242,12 @@ class RefRole(Worker):
 
 
 def test_colocated_roles_share_processes_and_run_one_after_another(main_pool):
-    actor = WorkerGroup(main_pool, ActorRole, role="actor")
-    ref = WorkerGroup(main_pool, RefRole, role="ref")
+    roles = colocate(main_pool, actor=ActorRole, ref=(RefRole, ()))
+    actor, ref = roles.actor, roles.ref
     with pytest.raises(ValueError, match="already hosts role 'actor'"):
         WorkerGroup(main_pool, ActorRole, role="actor")
+    with pytest.raises(TypeError, match="colocate role 'critic'"):
+        colocate(main_pool, critic=(ActorRole,))
     state = actor.update_actor(0.5)
     logp = ref.compute_ref_log_prob(Batch.from_dict({"x": np.arange(4.0)}))
     pids = [s["pid"] for s in state]
@@ -254,7 +269,7 @@ def test_colocated_roles_share_processes_and_run_one_after_another(main_pool):
 # ---------------------------------------------------------------------------- futures
 def _restore_tracer(path, value):
     with open(path, "a") as f:
-        f.write(f"{os.getpid()}\n")
+        f.write(f"{os.getpid()} {value}\n")
     return Tracer(path, value)
 
 
@@ -285,9 +300,10 @@ class Consumer(Worker):
                                 "pid": np.full(len(rollout), os.getpid())})
 
 
-@pytest.mark.parametrize("direction", ["2->1", "1->2"])
+@pytest.mark.parametrize("direction", ["2->1", "1->2", "2->2 colocated"])
 def test_future_moves_worker_to_worker_without_the_driver(main_pool, side_pool, tmp_path, direction):
-    src_pool, dst_pool = (main_pool, side_pool) if direction == "2->1" else (side_pool, main_pool)
+    src_pool, dst_pool = {"2->1": (main_pool, side_pool), "1->2": (side_pool, main_pool),
+                          "2->2 colocated": (main_pool, main_pool)}[direction]
     producer = WorkerGroup(src_pool, Producer, role="producer")
     consumer = WorkerGroup(dst_pool, Consumer, role="consumer")
     trace = tmp_path / "unpickled_by.txt"
@@ -297,10 +313,15 @@ def test_future_moves_worker_to_worker_without_the_driver(main_pool, side_pool, 
     ids = np.repeat(np.arange(7), 3)
     np.testing.assert_array_equal(scored["id"], ids)
     np.testing.assert_array_equal(scored["score"], 4 * 100 * ids + 6)
-    readers = {int(line) for line in trace.read_text().split()}
-    consumer_pids = {p["pid"] for p in dst_pool.process_info}
+    reads = [tuple(map(int, line.split())) for line in trace.read_text().splitlines()]
+    readers = {pid for pid, _ in reads}
+    consumer_pids = [p["pid"] for p in dst_pool.process_info]
     assert os.getpid() not in readers, "the driver deserialised the producer's data"
-    assert readers == consumer_pids == set(scored["pid"].tolist())
+    assert readers == set(consumer_pids) == set(scored["pid"].tolist())
+    if direction == "2->2 colocated":
+        # producer rank 0 made prompts 0-3 (12 rows), rank 1 prompts 4-6; consumer rank 0 takes rows
+        # 0-10, all from producer rank 0, so it must not have fetched producer rank 1's output
+        assert {value for pid, value in reads if pid == consumer_pids[0]} <= {0, 1, 2, 3}
     producer.close()
     consumer.close()
 

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from _models_helpers import random_params, tiny_config
+from _models_helpers import jit_forward, random_params, tiny_config
 from jaxrl_hf.models import (DecoderConfig, forward, init_kv_cache, load_hf_dir, make_module, next_token_targets,
                              param_logical_axes, params_to_hf_state_dict, save_hf_dir, token_log_probs_and_entropy)
 from jaxrl_hf.models.llama import CausalLM, default_positions
@@ -44,7 +44,7 @@ def test_logits_match_transformers_left_padded(tmp_path, model_type, tied):
     rng = np.random.default_rng(1)
     ids, mask = _left_padded_batch(rng, config.vocab_size, [9, 5, 7], 9)
     positions = np.maximum(np.cumsum(mask, 1) - 1, 0)
-    ours = np.asarray(forward(params, config, jnp.asarray(ids), jnp.asarray(mask)))
+    ours = np.asarray(jit_forward(params, config, jnp.asarray(ids), jnp.asarray(mask)))
     with torch.no_grad():
         ref = hf(input_ids=torch.tensor(ids, dtype=torch.long), attention_mask=torch.tensor(mask),
                  position_ids=torch.tensor(positions, dtype=torch.long)).logits.numpy()
@@ -122,14 +122,15 @@ def test_log_probs_and_entropy_match_float64_reference():
     rng = np.random.default_rng(0)
     ids = rng.integers(0, config.vocab_size, (2, 11)).astype(np.int32)
     targets = next_token_targets(jnp.asarray(ids))
-    logits = np.asarray(forward(params, config, jnp.asarray(ids)), np.float64) / 0.7
+    logits = np.asarray(jit_forward(params, config, jnp.asarray(ids)), np.float64) / 0.7
     logp_ref = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) \
         - logits.max(-1, keepdims=True)
     probs = np.exp(logp_ref)
     ent_ref = -(probs * logp_ref).sum(-1)
     picked = np.take_along_axis(logp_ref, np.asarray(targets)[..., None], -1)[..., 0]
-    logp, ent = token_log_probs_and_entropy(params, config, jnp.asarray(ids), targets, temperature=0.7,
-                                            chunk_size=4)  # 11 is not a multiple of 4: exercises padding
+    fn = jax.jit(token_log_probs_and_entropy, static_argnums=1, static_argnames="chunk_size")
+    logp, ent = fn(params, config, jnp.asarray(ids), targets, temperature=0.7,
+                   chunk_size=4)  # 11 is not a multiple of 4: exercises padding
     np.testing.assert_allclose(np.asarray(logp), picked, atol=2e-5)
     np.testing.assert_allclose(np.asarray(ent), ent_ref, atol=2e-5)
 
@@ -143,12 +144,13 @@ def test_remat_and_bf16_options():
     def loss(p, cfg):
         return token_log_probs_and_entropy(p, cfg, ids, targets, chunk_size=3)[0].sum()
 
-    g_plain = jax.grad(loss)(params, config)
-    g_remat = jax.grad(loss)(params, config.replace(remat="full"))
+    grad = jax.jit(jax.grad(loss), static_argnums=1)
+    g_plain = grad(params, config)
+    g_remat = grad(params, config.replace(remat="full"))
     for a, b in zip(jax.tree.leaves(g_plain), jax.tree.leaves(g_remat)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
-    f32 = np.asarray(forward(params, config, ids))
-    bf16 = np.asarray(forward(params, config.replace(dtype="bfloat16"), ids))
+    f32 = np.asarray(jit_forward(params, config, ids))
+    bf16 = np.asarray(jit_forward(params, config.replace(dtype="bfloat16"), ids))
     assert bf16.dtype == np.float32
     assert np.abs(bf16 - f32).max() < 0.1 * np.abs(f32).max()
 
@@ -161,14 +163,15 @@ def test_kv_cache_decode_equals_full_forward():
     extra = rng.integers(3, config.vocab_size, (2, 3)).astype(np.int32)
     full_ids = np.concatenate([ids, extra], 1)
     full_mask = np.concatenate([mask, np.ones((2, 3), np.int32)], 1)
-    ref = np.asarray(forward(params, config, jnp.asarray(full_ids), jnp.asarray(full_mask)))
+    ref = np.asarray(jit_forward(params, config, jnp.asarray(full_ids), jnp.asarray(full_mask)))
     module = make_module(config)
+    apply = jax.jit(lambda p, *args: module.apply({"params": p}, *args))
     cache = init_kv_cache(config, 2, 9)
     pos = default_positions(jnp.asarray(full_mask))
-    logits, cache = module.apply({"params": params}, jnp.asarray(ids), pos[:, :6], jnp.asarray(full_mask), cache, 0)
+    logits, cache = apply(params, jnp.asarray(ids), pos[:, :6], jnp.asarray(full_mask), cache, 0)
     np.testing.assert_allclose(np.asarray(logits)[mask > 0], ref[:, :6][mask > 0], atol=1e-5)
     for t in range(3):
-        step_logits, cache = module.apply({"params": params}, jnp.asarray(extra[:, t:t + 1]), pos[:, 6 + t:7 + t],
+        step_logits, cache = apply(params, jnp.asarray(extra[:, t:t + 1]), pos[:, 6 + t:7 + t],
                                           jnp.asarray(full_mask), cache, 6 + t)
         np.testing.assert_allclose(np.asarray(step_logits)[:, 0], ref[:, 6 + t], atol=1e-5)
 

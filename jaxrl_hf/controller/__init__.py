@@ -8,7 +8,8 @@ the models.
 * `WorkerGroup` — the driver's handle on a role in every process of a pool; calls dispatch,
   run and collect, or return a `GroupFuture` that can feed another group worker-to-worker.
 
-Colocation: several `WorkerGroup`s on one `ResourcePool` share its processes and JAX runtime.
+Colocation: several `WorkerGroup`s on one `ResourcePool` share its processes and JAX runtime
+(`colocate(pool, actor=..., ref=...)` creates them together).
 """
 
 from jaxrl_hf.controller.batch import PAD_ROWS_KEY, Batch
@@ -17,8 +18,8 @@ from jaxrl_hf.controller.futures import GroupFuture
 from jaxrl_hf.controller.layout import GroupLayout, MeshCoords, coords_from_mesh, coords_from_process_grid
 from jaxrl_hf.controller.protocols import Dispatch, Protocol, RankCall, register
 from jaxrl_hf.controller.resource_pool import ResourcePool, ensure_ray
-from jaxrl_hf.controller.worker import Worker, WorkerContext
-from jaxrl_hf.controller.worker_group import GroupMethod, WorkerGroup
+from jaxrl_hf.controller.worker import Worker, WorkerContext, process_local_rows
+from jaxrl_hf.controller.worker_group import GroupMethod, WorkerGroup, colocate
 
 __all__ = [
     "PAD_ROWS_KEY",
@@ -38,8 +39,10 @@ __all__ = [
     "WorkerDiedError",
     "WorkerGroup",
     "WorkerMethodError",
+    "colocate",
     "coords_from_mesh",
     "coords_from_process_grid",
     "ensure_ray",
+    "process_local_rows",
     "register",
 ]

@@ -72,7 +72,7 @@ def _values_equal(a: Any, b: Any) -> bool:
         return False
 
 
-@dataclass
+@dataclass(eq=False)  # element-wise array equality has no single truth value
 class Batch:
     """Per-sample arrays and objects with one leading batch dimension, plus batch-level meta info."""
 

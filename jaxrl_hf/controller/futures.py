@@ -1,11 +1,12 @@
 """Futures of worker-group calls, and how a consumer worker resolves them without the driver.
 
-A non-blocking call returns a `GroupFuture`: one Ray ``ObjectRef`` per rank plus the protocol's
-collect rule. Passing it to another group's method does not fetch anything on the driver: the
+A non-blocking call returns a `GroupFuture`: one Ray ``ObjectRef`` per rank (and one for its row
+count) plus the protocol's collect rule. Passing it to another group's method does not fetch anything on the driver: the
 dispatch turns it into a *deferred argument* (`DeferredValue`, `DeferredChunk`) that names the
 producer's ObjectRefs and the collect rule as a `Plan`; each consumer rank resolves its own part inside
-its process (HybridFlow §2.4, "futures"). On one node the arrays arrive zero-copy from Ray's shared
-object store and a consumer copies only the rows it needs.
+its process (HybridFlow §2.4, "futures"). A consumer of a DP split first reads the producers' row
+counts, then fetches only the outputs that hold its rows (on one node zero-copy from Ray's shared
+object store) and copies only those rows.
 """
 
 from __future__ import annotations
@@ -43,10 +44,10 @@ def chunk_bounds(total: int, index: int, count: int) -> tuple[int, int, int]:
     return start, stop, max(0, stop - max(total, start))
 
 
-def _gather_rows(batches: Sequence[Batch], start: int, stop: int) -> Batch:
-    """Rows ``[start, stop)`` of the virtual concat of ``batches`` padded cyclically with its first
-    rows (`Batch.pad_to_divisor`); only these rows are copied (a single run is a view)."""
-    lengths = np.array([len(b) for b in batches])
+def row_runs(lengths: Sequence[int], start: int, stop: int) -> list[tuple[int, int, int]]:
+    """Rows ``[start, stop)`` of the concat of sources with ``lengths`` rows, padded cyclically with
+    its first rows (`Batch.pad_to_divisor`), as contiguous runs ``(source, first, last + 1)``."""
+    lengths = np.asarray(lengths, dtype=np.int64)
     total = int(lengths.sum())
     if total == 0:
         raise ValueError("cannot split an empty Batch produced by a future")
@@ -56,23 +57,37 @@ def _gather_rows(batches: Sequence[Batch], start: int, stop: int) -> Batch:
     source = np.searchsorted(offsets, rows, side="right") - 1
     local = rows - offsets[source]
     breaks = np.flatnonzero((np.diff(source) != 0) | (np.diff(local) != 1)) + 1
-    pieces = [
-        batches[int(source[run[0]])][int(local[run[0]]) : int(local[run[-1]]) + 1]
+    return [
+        (int(source[run[0]]), int(local[run[0]]), int(local[run[-1]]) + 1)
         for run in np.split(np.arange(len(rows)), breaks)
         if run.size
     ]
+
+
+def _gather_rows(batches: Sequence[Batch], start: int, stop: int) -> Batch:
+    """Rows ``[start, stop)`` (see `row_runs`) of ``batches``; a single run is a view, not a copy."""
+    pieces = [batches[s][lo:hi] for s, lo, hi in row_runs([len(b) for b in batches], start, stop)]
     return pieces[0] if len(pieces) == 1 else Batch.concat(pieces, meta_conflict="first")
+
+
+@dataclass(frozen=True)
+class RankRef:
+    """One producer rank's output: the data, and its row count (None unless a Batch) as a tiny
+    separate object so a consumer can plan which outputs it needs before fetching any."""
+
+    data: ray.ObjectRef
+    rows: ray.ObjectRef
 
 
 @dataclass(frozen=True)
 class Plan:
     """How a future's per-rank outputs combine into its value; resolvable in any process."""
 
-    refs: tuple[ray.ObjectRef, ...]
+    refs: tuple[RankRef, ...]
 
     def fetch(self) -> list[Any]:
         """The producer ranks' outputs (zero-copy for numpy arrays on the same node)."""
-        return ray.get(list(self.refs))
+        return ray.get([r.data for r in self.refs])
 
     def resolve(self) -> Any:
         """The future's whole value."""
@@ -95,12 +110,17 @@ class ConcatPlan(Plan):
         return concat_outputs(self.fetch())
 
     def resolve_chunk(self, index: int, count: int) -> tuple[Batch, int]:
-        outputs = self.fetch()
-        if not all(isinstance(o, Batch) for o in outputs):
-            kinds = sorted({type(o).__name__ for o in outputs})
-            raise TypeError(f"a DP protocol can only split Batch outputs, the future holds {kinds}")
-        start, stop, pad = chunk_bounds(sum(len(o) for o in outputs), index, count)
-        return _gather_rows(outputs, start, stop), pad
+        """Fetches the row counts first, then only the outputs holding this chunk's rows."""
+        lengths = ray.get([r.rows for r in self.refs])
+        if any(n is None for n in lengths):
+            raise TypeError("a DP protocol can only split Batch outputs; the future holds other values")
+        start, stop, pad = chunk_bounds(sum(lengths), index, count)
+        runs = row_runs(lengths, start, stop)
+        needed = sorted({source for source, _, _ in runs})
+        fetched = dict(zip(needed, ray.get([self.refs[s].data for s in needed])))
+        pieces = [fetched[source][lo:hi] for source, lo, hi in runs]
+        chunk = pieces[0] if len(pieces) == 1 else Batch.concat(pieces, meta_conflict="first")
+        return chunk, pad
 
 
 @dataclass(frozen=True)
@@ -211,13 +231,14 @@ class GroupFuture:
 
     def __init__(
         self,
-        refs: Sequence[ray.ObjectRef],
+        rank_refs: Sequence[RankRef],
         protocol: Protocol,
         layout: GroupLayout,
         method: str,
         on_death: Callable[[WorkerDiedError], None] | None = None,
     ):
-        self.refs = tuple(refs)
+        self.rank_refs = tuple(rank_refs)
+        self.refs = tuple(r.data for r in self.rank_refs)  # per-rank outputs, rank order
         self.protocol = protocol
         self.layout = layout
         self.method = method
@@ -247,7 +268,7 @@ class GroupFuture:
 
     def plan(self) -> Plan:
         """The collect rule as a `Plan` a consumer process can resolve."""
-        return self.protocol.make_plan(self.layout, self.refs)
+        return self.protocol.make_plan(self.layout, self.rank_refs)
 
     def __repr__(self) -> str:
         return f"GroupFuture({self.source}, ranks={len(self.refs)}, done={self.done()})"

@@ -127,11 +127,14 @@ class ProcessHost:
             raise KeyError(f"pool {self.pool_name!r} rank {self.rank} hosts no role {role!r}; roles: {list(self._workers)}")
         return self._workers[role]
 
-    def call(self, role: str, method: str, payload: tuple[tuple, dict], pad_rows: int) -> Any:
-        """Run ``role.method`` on this rank's arguments; deferred (future) arguments are fetched here,
-        and output rows produced from padding input rows are dropped."""
+    def call(self, role: str, method: str, pad_rows: int, kw_names: tuple[str, ...], *values: Any) -> Any:
+        """Run ``role.method`` on this rank's arguments (``values`` = positional arguments, then the
+        values of keywords ``kw_names``); deferred (future) arguments are fetched here, and output rows
+        produced from padding input rows are dropped. Returns (row count or None, output): the
+        group calls it with ``num_returns=2`` so the row count is a separate tiny object."""
         try:
-            args, kwargs = payload
+            num_args = len(values) - len(kw_names)
+            args, kwargs = values[:num_args], dict(zip(kw_names, values[num_args:]))
             resolved_args, resolved_kwargs = [], {}
             for value in args:
                 value, pad = resolve_deferred(value)
@@ -140,10 +143,20 @@ class ProcessHost:
             for key, value in kwargs.items():
                 resolved_kwargs[key], pad = resolve_deferred(value)
                 pad_rows = max(pad_rows, pad)
-            input_rows = next(
-                (len(v) for v in (*resolved_args, *resolved_kwargs.values()) if isinstance(v, Batch)), None
-            )
+            batch_rows = {
+                name: len(v)
+                for name, v in [*((f"#{i}", a) for i, a in enumerate(resolved_args)), *resolved_kwargs.items()]
+                if isinstance(v, Batch)
+            }
+            if pad_rows and len(set(batch_rows.values())) > 1:
+                raise ValueError(f"DP-split Batch arguments have different lengths on this rank: {batch_rows}")
+            input_rows = next(iter(batch_rows.values()), None)
             output = getattr(self._worker(role), method)(*resolved_args, **resolved_kwargs)
-            return trim_padding(output, pad_rows, input_rows)
+            output = trim_padding(output, pad_rows, input_rows)
+            return (len(output) if isinstance(output, Batch) else None), output
+        except ray.exceptions.RayTaskError as err:
+            if isinstance(getattr(err, "cause", None), WorkerMethodError):
+                raise err.cause from None  # an input future failed: report the producer's error
+            raise WorkerMethodError(role, self.rank, method, type(err).__name__, traceback.format_exc()) from None
         except Exception as err:  # noqa: BLE001 - reported with role/rank/method to the driver
             raise WorkerMethodError(role, self.rank, method, type(err).__name__, traceback.format_exc()) from None

@@ -29,8 +29,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import ray
-
 from jaxrl_hf.controller.batch import PAD_ROWS_KEY, Batch
 from jaxrl_hf.controller.futures import (
     CollectPlan,
@@ -40,6 +38,7 @@ from jaxrl_hf.controller.futures import (
     GroupFuture,
     ListPlan,
     Plan,
+    RankRef,
     chunk_bounds,
     concat_outputs,
 )
@@ -73,11 +72,11 @@ class Protocol:
     name: str
     dispatch_fn: DispatchFn
     collect_fn: CollectFn
-    plan_fn: Callable[[GroupLayout, Sequence[ray.ObjectRef]], Plan] | None = None
+    plan_fn: Callable[[GroupLayout, Sequence[RankRef]], Plan] | None = None
     accepts_futures: bool = False
 
-    def make_plan(self, layout: GroupLayout, refs: Sequence[ray.ObjectRef]) -> Plan:
-        """The collect rule as a `Plan` over the producer ranks' ObjectRefs."""
+    def make_plan(self, layout: GroupLayout, refs: Sequence[RankRef]) -> Plan:
+        """The collect rule as a `Plan` over the producer ranks' outputs."""
         if self.plan_fn is not None:
             return self.plan_fn(layout, refs)
         return CollectPlan(tuple(refs), self.collect_fn, layout)
@@ -111,7 +110,7 @@ def _per_rank(value: Any, name: str, layout: GroupLayout) -> list[Any]:
                 f"ALL_TO_ALL argument {name} is a future of {len(value.refs)} ranks ({value.source}) "
                 f"but role {layout.role!r} has {layout.world_size}"
             )
-        return list(value.refs)  # rank i receives producer rank i's output, resolved by Ray
+        return list(value.refs)  # rank i receives producer rank i's output (a top-level ObjectRef)
     if not isinstance(value, (list, tuple)) or len(value) != layout.world_size:
         raise ValueError(
             f"ALL_TO_ALL argument {name} must be a list with one element per rank "
@@ -199,15 +198,15 @@ def collect_mesh_dp(layout: GroupLayout, outputs: list) -> Any:
     return concat_outputs([outputs[r] for r in layout.collect_ranks()])
 
 
-def _all_refs_concat(layout: GroupLayout, refs: Sequence[ray.ObjectRef]) -> Plan:
+def _all_refs_concat(layout: GroupLayout, refs: Sequence[RankRef]) -> Plan:
     return ConcatPlan(tuple(refs))
 
 
-def _all_refs_list(layout: GroupLayout, refs: Sequence[ray.ObjectRef]) -> Plan:
+def _all_refs_list(layout: GroupLayout, refs: Sequence[RankRef]) -> Plan:
     return ListPlan(tuple(refs))
 
 
-def _mesh_refs_concat(layout: GroupLayout, refs: Sequence[ray.ObjectRef]) -> Plan:
+def _mesh_refs_concat(layout: GroupLayout, refs: Sequence[RankRef]) -> Plan:
     return ConcatPlan(tuple(refs[r] for r in layout.collect_ranks()))
 
 

@@ -7,7 +7,9 @@ program (``jax.distributed.initialize``), so ``__init__`` can build the role's m
 
 The data protocols need each process's place on the role's mesh (`mesh_coords`). By default it is
 derived from ``self.mesh`` when the worker set one (`build_mesh` does), else pure data parallelism
-over processes. Workers with a custom layout override `mesh_coords`.
+over processes. Workers with a custom layout override `mesh_coords`. A DP method turns its rows into
+a global array with ``jax.make_array_from_process_local_data`` and hands results back with
+`process_local_rows`.
 """
 
 from __future__ import annotations

@@ -12,6 +12,9 @@ after another; each stays addressable on its own::
     actor = WorkerGroup(pool, ActorWorker, cfg, role="actor")
     ref = WorkerGroup(pool, ReferenceWorker, cfg, role="ref")
     ref.compute_ref_log_prob(batch); actor.update_actor(batch)
+    # or, the same in one call:
+    roles = colocate(pool, actor=(ActorWorker, (cfg,)), ref=(ReferenceWorker, (cfg,)))
+    roles.ref.compute_ref_log_prob(batch); roles.actor.update_actor(batch)
 
 Groups on different pools run concurrently; pass one's future to the other to move data
 worker-to-worker.
@@ -19,13 +22,14 @@ worker-to-worker.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import ray
 
 from jaxrl_hf.controller.batch import Batch
-from jaxrl_hf.controller.futures import GroupFuture, gather_results
+from jaxrl_hf.controller.futures import GroupFuture, RankRef, gather_results
 from jaxrl_hf.controller.layout import GroupLayout
 from jaxrl_hf.controller.protocols import Protocol, Registration, RankCall, registered_methods
 from jaxrl_hf.controller.resource_pool import ResourcePool
@@ -37,15 +41,32 @@ from jaxrl_hf.controller.worker import Worker
 SHARED_PAYLOAD_PUT_BYTES = 1 << 20
 
 
-def _array_bytes(call: RankCall) -> int:
-    """Bytes of the numpy arrays and Batches among a call's top-level arguments."""
-    total = 0
-    for value in (*call.args, *call.kwargs.values()):
-        if isinstance(value, Batch):
-            total += value.nbytes
-        elif isinstance(value, np.ndarray):
-            total += value.nbytes
-    return total
+def _array_bytes(value: Any) -> int:
+    """Bytes of a Batch's or numpy array's numeric data (0 for anything else)."""
+    if isinstance(value, Batch):
+        return value.nbytes
+    return value.nbytes if isinstance(value, np.ndarray) else 0
+
+
+def _flatten(call: RankCall) -> tuple[tuple[str, ...], list[Any]]:
+    """(keyword names, positional values then keyword values) for `ProcessHost.call`."""
+    return tuple(call.kwargs), [*call.args, *call.kwargs.values()]
+
+
+def _share_large_arguments(flat: list[tuple[tuple[str, ...], list[Any]]]) -> list[tuple[tuple[str, ...], list[Any]]]:
+    """Replace every large argument object that several ranks receive by one ``ray.put`` ref."""
+    uses: dict[int, int] = {}  # in how many ranks' calls each argument object appears
+    for _, values in flat:
+        for key in {id(v) for v in values}:
+            uses[key] = uses.get(key, 0) + 1
+    shared: dict[int, ray.ObjectRef] = {}
+    for _, values in flat:
+        for i, value in enumerate(values):
+            if uses[id(value)] > 1 and _array_bytes(value) >= SHARED_PAYLOAD_PUT_BYTES:
+                if id(value) not in shared:
+                    shared[id(value)] = ray.put(value)
+                values[i] = shared[id(value)]
+    return flat
 
 
 class GroupMethod:
@@ -142,20 +163,18 @@ class WorkerGroup:
             args = tuple(a.get() if isinstance(a, GroupFuture) else a for a in args)
             kwargs = {k: v.get() if isinstance(v, GroupFuture) else v for k, v in kwargs.items()}
         calls = protocol.dispatch(self.layout, args, kwargs)
-        payloads: dict[int, Any] = {}  # a large RankCall shared by several ranks is serialised once
-        for call in calls:
-            if id(call) not in payloads:
-                shared = sum(c is call for c in calls) > 1
-                payload = (call.args, call.kwargs)
-                large = _array_bytes(call) >= SHARED_PAYLOAD_PUT_BYTES
-                payloads[id(call)] = ray.put(payload) if shared and large else payload
+        flat = _share_large_arguments([_flatten(call) for call in calls])
         with self.pool.submit_lock:
             self.pool.check_healthy()
-            refs = [
-                host.call.remote(self.role, method, payloads[id(call)], call.pad_rows)
-                for host, call in zip(self.pool.hosts, calls)
-            ]
-        return GroupFuture(refs, protocol, self.layout, method, on_death=self.pool.mark_broken)
+            # arguments travel as top-level task arguments: Ray resolves ObjectRefs among them (ALL_TO_ALL
+            # futures, shared puts) and prefetches them before the method runs
+            rank_refs = []
+            for host, call, (kw_names, values) in zip(self.pool.hosts, calls, flat):
+                rows_ref, data_ref = host.call.options(num_returns=2).remote(
+                    self.role, method, call.pad_rows, kw_names, *values
+                )
+                rank_refs.append(RankRef(data_ref, rows_ref))
+        return GroupFuture(rank_refs, protocol, self.layout, method, on_death=self.pool.mark_broken)
 
     def _remove_role_everywhere(self) -> None:
         if self.pool.started and self.pool._broken is None:
@@ -172,4 +191,33 @@ class WorkerGroup:
         self._remove_role_everywhere()
 
 
-__all__ = ["GroupMethod", "WorkerGroup"]
+RoleSpec = type[Worker] | tuple  # a Worker class, or (class, init_args) / (class, init_args, init_kwargs)
+
+
+def colocate(pool: ResourcePool, **roles: RoleSpec) -> SimpleNamespace:
+    """Create one `WorkerGroup` per named role on ``pool`` (same processes, same JAX runtime).
+
+    ``colocate(pool, actor=(ActorWorker, (cfg,)), ref=(ReferenceWorker, (cfg,)))`` returns a namespace
+    whose attributes are the groups: ``roles.actor.update_actor(...)``, ``roles.ref.compute_ref_log_prob(...)``.
+    If one role fails to start, the roles created before it are removed again.
+    """
+    groups: dict[str, WorkerGroup] = {}
+    try:
+        for name, spec in roles.items():
+            if isinstance(spec, type):
+                spec = (spec, ())
+            valid = isinstance(spec, tuple) and len(spec) in (2, 3)
+            worker_cls, init_args, init_kwargs = (*spec, {})[:3] if valid else (None, None, None)
+            if not valid or not isinstance(init_args, (tuple, list)) or not isinstance(init_kwargs, dict):
+                raise TypeError(
+                    f"colocate role {name!r}: expected a Worker class or (class, init_args[, init_kwargs]), got {spec!r}"
+                )
+            groups[name] = WorkerGroup(pool, worker_cls, *init_args, role=name, init_kwargs=init_kwargs)
+    except BaseException:
+        for group in groups.values():
+            group.close()
+        raise
+    return SimpleNamespace(**groups)
+
+
+__all__ = ["GroupMethod", "WorkerGroup", "colocate"]

@@ -35,7 +35,7 @@ def init_params(config: DecoderConfig, rng: jax.Array | int = 0) -> Params:
     """Random parameters (normal(0, fan_in^-1/2) kernels, unit norms) as a plain array tree."""
     if isinstance(rng, int):
         rng = jax.random.key(rng)
-    return nn.unbox(_init_boxed(config, rng))
+    return nn.unbox(jax.jit(_init_boxed, static_argnums=0)(config, rng))
 
 
 def param_logical_axes(config: DecoderConfig) -> Any:

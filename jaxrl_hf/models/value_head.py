@@ -52,7 +52,7 @@ def init_value_params(config: DecoderConfig, rng: jax.Array | int = 0) -> Params
     """Random ``{"model": ..., "score": {"kernel": [embed, 1]}}``."""
     if isinstance(rng, int):
         rng = jax.random.key(rng)
-    return nn.unbox(_init_boxed(config, rng))
+    return nn.unbox(jax.jit(_init_boxed, static_argnums=0)(config, rng))
 
 
 def value_param_logical_axes(config: DecoderConfig) -> Any:

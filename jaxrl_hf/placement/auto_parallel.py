@@ -139,7 +139,10 @@ class StrategyCache:
         if gen_ops:
             trains = any(wl.kind == "train" for _, wl in self._ops(spec.name))
             best = None
-            layouts = generation_layouts(opt.strategy) if trains else [(opt.strategy.p, opt.strategy.t)]
+            if opt.strategy.p_g is not None:  # a fixed layout (evaluating a given plan)
+                layouts = [(opt.strategy.p_g, opt.strategy.t_g)]
+            else:
+                layouts = generation_layouts(opt.strategy) if trains else [(opt.strategy.p, opt.strategy.t)]
             for pg, tg in layouts:
                 s = dataclasses.replace(opt.strategy, p_g=pg, t_g=tg)
                 extra = generation_weight_extra_bytes(spec.arch, s, self.opts)
@@ -188,6 +191,23 @@ class StrategyCache:
                         best_total, best = total, SetPlan(models, devices, tuple(plans))
         self._sets[key] = best
         return best
+
+    def fixed_set_plan(self, models: tuple[str, ...], strategies: dict[str, ParallelStrategy]) -> SetPlan:
+        """Plans for a colocated set with given strategies (no search); raises if it does not fit."""
+        devices = {strategies[m].devices for m in models}
+        if len(devices) != 1:
+            raise ValueError(f"colocated set {models}: strategies cover different device counts {sorted(devices)}")
+        options = [self._option(self.dataflow.model(m), strategies[m]) for m in models]
+        resident = sum(o.persistent for o in options)
+        usable = self.cluster.device.usable_memory
+        plans = []
+        for m, o in zip(models, options):
+            plan = self._finish(self.dataflow.model(m), o, usable - resident)
+            if plan is None:
+                raise ValueError(f"model {m} with {strategies[m].label()} does not fit next to {models}: resident "
+                                 f"{resident / 2**30:.2f} GiB of {usable / 2**30:.2f} GiB usable")
+            plans.append(plan)
+        return SetPlan(models, devices.pop(), tuple(plans))
 
     def stats(self) -> dict[str, int]:
         return dict(model_cache_entries=len(self._fronts), model_cache_hits=self.model_hits,

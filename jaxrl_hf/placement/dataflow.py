@@ -185,8 +185,9 @@ class Dataflow:
 
 @dataclasses.dataclass(frozen=True)
 class RolloutShape:
-    """The batch shape of one RL iteration (defaults follow the HybridFlow evaluation: 1024 prompts,
-    1024 prompt and 1024 response tokens)."""
+    """The batch shape of one RL iteration.  Defaults (1024 prompts of 1024 tokens, 1024 response
+    tokens, 4 PPO mini-batches) are the shape we use for the paper's setting; the seeds do not give
+    the exact batch of the HybridFlow evaluation."""
 
     prompts: int = 1024
     samples_per_prompt: int = 1

@@ -76,7 +76,8 @@ def logits_bytes(arch: ModelArch, tokens: int, t: int) -> float:
 
 def train_transient_bytes(arch: ModelArch, wl: Workload, s: ParallelStrategy, opts: SimOptions) -> float:
     """Activation memory of a training step per device under 1F1B (stage 0 holds p micro-batches)."""
-    mb_tokens = opts.train_micro_batch * wl.seq_len
+    per_replica = math.ceil(wl.num_sequences / (wl.optimizer_steps * s.d))
+    mb_tokens = min(opts.train_micro_batch, per_replica) * wl.seq_len
     layers = arch.num_layers / s.p
     in_flight = s.p
     if opts.activation_recompute:
@@ -90,7 +91,7 @@ def train_transient_bytes(arch: ModelArch, wl: Workload, s: ParallelStrategy, op
 
 def infer_transient_bytes(arch: ModelArch, wl: Workload, s: ParallelStrategy, opts: SimOptions) -> float:
     """Forward-only activations: one layer's working set and the logits of a micro-batch."""
-    mb_tokens = opts.infer_micro_batch * wl.seq_len
+    mb_tokens = min(opts.infer_micro_batch, math.ceil(wl.num_sequences / s.d)) * wl.seq_len
     return layer_activation_bytes(arch, mb_tokens, wl.seq_len, s.t, opts) + logits_bytes(arch, mb_tokens, s.t) / 2
 
 
@@ -121,3 +122,10 @@ def min_devices_lower_bound(states: list[tuple[ModelArch, bool]], usable_bytes: 
         per_param = opts.weight_bytes + (opts.grad_bytes + opts.optimizer_bytes if trainable else 0)
         total += arch.num_params * per_param
     return max(1, math.ceil(total / usable_bytes))
+
+
+# How the small measured workload (`measure.py`) runs: f32 weights, gradients and Adam m/v
+# (no master copy), optimizer state sharded like the weights, no recomputation, one micro-batch.
+MEASURED_WORKLOAD_OPTIONS = SimOptions(dtype="f32", weight_bytes=4, grad_bytes=4, optimizer_bytes=8,
+                                       shard_optimizer=False, activation_recompute=False,
+                                       train_micro_batch=10**9, infer_micro_batch=10**9, max_decode_batch=10**9)

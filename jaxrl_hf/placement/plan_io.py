@@ -146,3 +146,8 @@ def load_plan(path: str | Path) -> PlacementPlan:
     except (OSError, yaml.YAMLError) as e:
         raise ValueError(f"cannot read placement plan {path}: {e}") from e
     return parse_plan(data, where=str(path))
+
+
+def best_plan(result: SearchResult) -> PlacementPlan:
+    """The search's best candidate as a validated PlacementPlan (what `placement=auto` uses)."""
+    return parse_plan(candidate_to_dict(result, result.best), where=f"auto plan for {result.dataflow.algo}")

@@ -21,6 +21,7 @@ from jaxrl_hf.placement.auto_parallel import SetPlan, StrategyCache
 from jaxrl_hf.placement.cluster import Cluster
 from jaxrl_hf.placement.dataflow import Dataflow
 from jaxrl_hf.placement.memory import SimOptions, min_devices_lower_bound
+from jaxrl_hf.placement.strategy import ParallelStrategy
 
 Placement = tuple[tuple[str, ...], ...]
 
@@ -70,7 +71,8 @@ def d_cost(dataflow: Dataflow, sets: Sequence[SetPlan], cluster: Cluster,
            dtype: str = "bf16") -> tuple[float, dict[str, float]]:
     """End-to-end iteration latency (Algorithm 1 d_cost): per stage, models of one colocated set add
     up and disjoint sets overlap (the stage takes the max).  On host-shared devices (fake CPU
-    devices) disjoint sets also compete for the host: a stage lasts at least Σ work / host rate."""
+    devices) disjoint sets also compete for the host's cores: a stage lasts at least
+    Σ FLOPs / host FLOP/s + Σ bytes / host bandwidth (the same cores do both)."""
     dev = cluster.device
     stage_times = {}
     for stage in dataflow.stages:
@@ -163,3 +165,17 @@ def search(dataflow: Dataflow, cluster: Cluster, opts: SimOptions = SimOptions()
     candidates.sort(key=lambda c: c.step_time_s)
     return SearchResult(dataflow, cluster, opts, tuple(candidates), tuple(infeasible), len(placements),
                         evaluated, time.perf_counter() - t0, cache.stats())
+
+
+def evaluate_placement(dataflow: Dataflow, cluster: Cluster, placement: Placement,
+                       strategies: dict[str, ParallelStrategy], opts: SimOptions = SimOptions()) -> Candidate:
+    """Predicted stage and step times of a given placement with given strategies (no search)."""
+    named = [m for block in placement for m in block]
+    if sorted(named) != sorted(dataflow.model_names):
+        raise ValueError(f"placement {placement} must name each of {list(dataflow.model_names)} exactly once")
+    cache = StrategyCache(dataflow, cluster, opts)
+    sets = tuple(cache.fixed_set_plan(tuple(block), strategies) for block in placement)
+    if sum(s.devices for s in sets) > cluster.num_devices:
+        raise ValueError(f"placement {placement} uses {sum(s.devices for s in sets)} > {cluster.num_devices} devices")
+    total, stages = d_cost(dataflow, sets, cluster, opts.dtype)
+    return Candidate(tuple(tuple(b) for b in placement), tuple(s.devices for s in sets), sets, total, stages)

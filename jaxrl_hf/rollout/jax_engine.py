@@ -171,8 +171,11 @@ class JaxGenerationEngine:
             axes = nn.logical_to_mesh_axes(("batch",), self.rules)[0]
             names = (axes,) if isinstance(axes, str) else tuple(axes or ())
             self._batch_multiple = int(np.prod([mesh.shape[a] for a in names])) if names else 1
+        def program(*args: Any, **kwargs: Any) -> tuple:  # a per-engine function: a per-engine jit cache
+            return _generate_program(*args, **kwargs)
+
         self._program = jax.jit(
-            _generate_program,
+            program,
             static_argnames=("module", "config", "max_new", "top_k", "use_top_p", "greedy", "logprobs_mode",
                              "stop_ids", "pad_id", "cache_dtype"))
         self.params = None

@@ -1,0 +1,44 @@
+"""Fill the defaults that depend on other keys (``rollout.response_length`` <- ``data.max_response_length`` ...)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from jaxrl_hf.config.schema import RunConfig
+
+
+def critic_enabled(config: RunConfig) -> bool:
+    """Whether the run has a critic: ``critic.enable`` if set, else exactly for GAE."""
+    if config.critic.enable is not None:
+        return config.critic.enable
+    return config.algorithm.adv_estimator == "gae"
+
+
+def resolve_defaults(config: RunConfig) -> RunConfig:
+    """A copy of ``config`` with every ``None``-means-derived field filled in."""
+    config = dataclasses.replace(config)  # shallow: sections below are replaced, never mutated
+    data, trainer = config.data, config.trainer
+    config.rollout = dataclasses.replace(
+        config.rollout,
+        max_prompt_length=config.rollout.max_prompt_length or data.max_prompt_length,
+        response_length=config.rollout.response_length or data.max_response_length,
+    )
+    config.data = dataclasses.replace(data, gen_batch_size=data.gen_batch_size or data.train_batch_size)
+    config.actor = dataclasses.replace(
+        config.actor, optim=dataclasses.replace(config.actor.optim, total_steps=config.actor.optim.total_steps or trainer.total_steps)
+    )
+    actor = config.actor
+    config.critic = dataclasses.replace(
+        config.critic,
+        enable=critic_enabled(config),
+        model_path=config.critic.model_path or config.model.path,
+        ppo_mini_batch_size=config.critic.ppo_mini_batch_size or actor.ppo_mini_batch_size,
+        ppo_micro_batch_size_per_device=config.critic.ppo_micro_batch_size_per_device or actor.ppo_micro_batch_size_per_device,
+        ppo_epochs=config.critic.ppo_epochs or actor.ppo_epochs,
+        optim=dataclasses.replace(config.critic.optim, total_steps=config.critic.optim.total_steps or trainer.total_steps),
+    )
+    name = trainer.experiment_name or config.algo
+    config.trainer = dataclasses.replace(
+        trainer, experiment_name=name, run_dir=trainer.run_dir or f"runs/{name}"
+    )
+    return config

@@ -1,0 +1,395 @@
+"""The run configuration as nested dataclasses, with verl's key names.
+
+The field defaults ARE the embedded default run (``python launch/train.py --algo dapo`` with nothing else):
+SmolLM2-135M-Instruct on synthetic arithmetic prompts with a GSM8K validation subset, sized for a 2-core
+CPU. ``configs/<algo>.yaml`` and presets overlay it; command-line ``a.b=c`` overrides come last.
+
+Sections (verl's names): ``data``, ``model`` (verl's ``actor_rollout_ref.model``), ``actor``, ``rollout``,
+``ref``, ``critic``, ``reward_model``, ``cost_model``, ``custom_reward_function``, ``algorithm``,
+``trainer``, ``placement``. verl nests actor/rollout/ref under ``actor_rollout_ref``; here they are top-level
+sections (the contract with the workers), and ``actor_rollout_ref.X.key=v`` overrides are accepted as
+aliases of ``X.key=v`` (see ``jaxrl_hf.config.loader``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Literal, Optional
+
+# ---------------------------------------------------------------------------------------------- data
+
+
+@dataclass
+class ArithmeticDataConfig:
+    """Synthetic arithmetic prompts (``jaxrl_hf.data.generate_arithmetic``)."""
+
+    min_digits: int = 1
+    max_digits: int = 2
+    operators: list[str] = field(default_factory=lambda: ["+", "-", "*"])
+    num_operands: int = 2
+
+
+@dataclass
+class DataConfig:
+    """Prompts. ``train_files`` / ``val_files``: ``"arithmetic"`` (generated), ``"gsm8k"`` (the bundled
+    GSM8K split) or a list of parquet/jsonl paths in verl's schema."""
+
+    train_files: list[str] = field(default_factory=lambda: ["arithmetic"])
+    val_files: list[str] = field(default_factory=lambda: ["arithmetic", "gsm8k"])
+    train_size: int = 4096
+    """Rows generated for ``arithmetic`` training data (ignored for files)."""
+    val_size: int = 32
+    """Rows per validation source (first N of each; 0 = all)."""
+    gsm8k_dir: str = "/work/shared/data/gsm8k"
+    train_batch_size: int = 8
+    """Prompts per RL step (each sampled ``rollout.n`` times)."""
+    gen_batch_size: Optional[int] = None
+    """Prompts per generation round in DAPO dynamic sampling (default: ``train_batch_size``)."""
+    val_batch_size: Optional[int] = None
+    """Prompts per validation generation call (default: all at once)."""
+    ptx_files: list[str] = field(default_factory=list)
+    """Pre-training (ptx) texts for Safe-RLHF's ptx loss: ``"gsm8k"`` (question + worked answer) or paths."""
+    max_prompt_length: int = 96
+    max_response_length: int = 48
+    filter_overlong_prompts: bool = True
+    shuffle: bool = True
+    sampler: Literal["random", "sequential", "curriculum"] = "random"
+    seed: int = 0
+    arithmetic: ArithmeticDataConfig = field(default_factory=ArithmeticDataConfig)
+
+
+# --------------------------------------------------------------------------------------------- model
+
+
+@dataclass
+class TinyModelConfig:
+    """Shape of the ``model.path=tiny-random`` model (smoke tests); the tokenizer is SmolLM2's."""
+
+    vocab_size: int = 49152
+    hidden_size: int = 64
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    intermediate_size: int = 128
+
+
+@dataclass
+class ModelConfig:
+    """The policy (and, by default, reference/critic backbone) model."""
+
+    path: str = "smollm2-135m-instruct"
+    """``smollm2-135m-instruct``, an HF directory, a ``.gguf`` file, or ``tiny-random``."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    remat: Literal["none", "full", "dots", "dots_no_batch"] = "none"
+    seed: int = 0
+    tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
+
+
+# --------------------------------------------------------------------------------------------- actor
+
+
+@dataclass
+class OptimConfig:
+    """AdamW with linear warm-up then a constant or cosine schedule."""
+
+    lr: float = 1e-6
+    weight_decay: float = 0.01
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    warmup_steps: int = 0
+    lr_scheduler: Literal["constant", "cosine"] = "constant"
+    min_lr_ratio: float = 0.0
+    total_steps: Optional[int] = None
+    """Schedule length (default: ``trainer.total_steps``)."""
+
+
+@dataclass
+class PolicyLossConfig:
+    loss_mode: Literal["vanilla", "gspo", "cispo", "gpg"] = "vanilla"
+
+
+@dataclass
+class RolloutCorrectionConfig:
+    """Truncated importance sampling with the sampler's log-probs (rollout/trainer mismatch)."""
+
+    level: Optional[Literal["token", "sequence", "geometric"]] = None
+    threshold: float = 2.0
+
+
+@dataclass
+class ActorConfig:
+    """Policy update (verl ``actor_rollout_ref.actor``). Mini-batch in prompts, micro-batch in sequences."""
+
+    ppo_mini_batch_size: int = 8
+    ppo_micro_batch_size_per_device: int = 4
+    ppo_epochs: int = 1
+    shuffle: bool = False
+    loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = (
+        "token-mean"
+    )
+    policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
+    clip_ratio: float = 0.2
+    clip_ratio_low: Optional[float] = None
+    clip_ratio_high: Optional[float] = None
+    clip_ratio_c: float = 3.0
+    entropy_coeff: float = 0.0
+    use_kl_loss: bool = False
+    kl_loss_coef: float = 0.001
+    kl_loss_type: str = "low_var_kl"
+    grad_clip: float = 1.0
+    ptx_coef: float = 0.0
+    """Safe-RLHF / InstructGPT pre-training (ptx) loss weight; > 0 needs ``data.ptx_files`` rows."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
+
+
+@dataclass
+class RolloutValConfig:
+    """Sampling for validation (verl ``val_kwargs``)."""
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    greedy: bool = True
+
+
+@dataclass
+class RolloutConfig:
+    """Generation (verl ``actor_rollout_ref.rollout``)."""
+
+    name: Literal["jax", "vllm"] = "jax"
+    n: int = 4
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    """0 disables top-k."""
+    max_prompt_length: Optional[int] = None
+    """Default: ``data.max_prompt_length``."""
+    response_length: Optional[int] = None
+    """Default: ``data.max_response_length``."""
+    seed: int = 0
+    val: RolloutValConfig = field(default_factory=RolloutValConfig)
+
+
+@dataclass
+class RefConfig:
+    """Reference policy; uses ``model`` (a frozen copy of the initial actor)."""
+
+
+# -------------------------------------------------------------------------------------------- critic
+
+
+@dataclass
+class CriticConfig:
+    """Value model (PPO). ``enable=None``: on exactly when ``algorithm.adv_estimator == 'gae'``."""
+
+    enable: Optional[bool] = None
+    model_path: Optional[str] = None
+    """Backbone of the critic (default: ``model.path``)."""
+    ppo_mini_batch_size: Optional[int] = None
+    """Default: ``actor.ppo_mini_batch_size``."""
+    ppo_micro_batch_size_per_device: Optional[int] = None
+    """Default: ``actor.ppo_micro_batch_size_per_device``."""
+    ppo_epochs: Optional[int] = None
+    """Default: ``actor.ppo_epochs``."""
+    shuffle: bool = False
+    cliprange_value: float = 0.5
+    loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = (
+        "token-mean"
+    )
+    grad_clip: float = 1.0
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
+
+
+# ------------------------------------------------------------------------------------------- rewards
+
+
+@dataclass
+class OverlongBufferConfig:
+    """DAPO soft overlong punishment (eq.13): ``len`` = L_cache tokens before ``max_response_length``."""
+
+    enable: bool = False
+    len: int = 16
+    penalty_factor: float = 1.0
+    log: bool = True
+
+
+@dataclass
+class RewardModelConfig:
+    """Rule-based reward manager (always) plus an optional learned reward model (``enable``)."""
+
+    enable: bool = False
+    path: Optional[str] = None
+    """Reward-model directory (``launch/train_rm.py`` output) or ``tiny-random``."""
+    reward_manager: Literal["naive", "dapo"] = "naive"
+    overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
+    num_workers: int = 0
+    """Processes scoring responses on the driver (0 = in the driver process)."""
+    timeout_s: float = 10.0
+    num_examine: int = 0
+    rule_weight: float = 1.0
+    """Weight of the rule score when a reward model is enabled too (0 = reward model only)."""
+
+
+@dataclass
+class CostModelConfig:
+    """Safe-RLHF cost model (a value-head model scoring harmfulness; higher = worse)."""
+
+    enable: bool = False
+    path: Optional[str] = None
+
+
+@dataclass
+class CustomRewardFunctionConfig:
+    """A user scoring function ``fn(data_source, solution_str, ground_truth, extra_info, **reward_kwargs)``."""
+
+    path: Optional[str] = None
+    name: str = "compute_score"
+    reward_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+# ----------------------------------------------------------------------------------------- algorithm
+
+
+@dataclass
+class KLControlConfig:
+    type: Literal["fixed", "adaptive"] = "fixed"
+    kl_coef: float = 0.001
+    target_kl: float = 0.1
+    horizon: float = 10000.0
+
+
+@dataclass
+class FilterGroupsConfig:
+    """DAPO dynamic sampling: keep groups whose ``metric`` varies; refill up to ``max_num_gen_batches``."""
+
+    enable: bool = False
+    metric: Literal["acc", "score", "seq_reward", "seq_final_reward"] = "acc"
+    max_num_gen_batches: int = 4
+    """Generation rounds per step before giving up with an error (<= 0: unlimited)."""
+
+
+@dataclass
+class SafeRLHFConfig:
+    """Safe-RLHF (Dai et al. 2023) Lagrangian: advantage = A_reward − λ·A_cost, λ ≥ 0 learned."""
+
+    cost_limit: float = 0.0
+    lambda_init: float = 1.0
+    lambda_lr: float = 0.05
+    lambda_max: float = 10.0
+
+
+@dataclass
+class AlgorithmConfig:
+    """Advantage estimation and reward shaping (verl ``algorithm``)."""
+
+    adv_estimator: Literal[
+        "gae", "grpo", "grpo_passk", "rloo", "opo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "gpg"
+    ] = "grpo"
+    gamma: float = 1.0
+    lam: float = 1.0
+    norm_adv_by_std_in_grpo: bool = True
+    use_kl_in_reward: bool = False
+    kl_penalty: str = "kl"
+    kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
+    filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
+    safe_rlhf: SafeRLHFConfig = field(default_factory=SafeRLHFConfig)
+
+
+# ------------------------------------------------------------------------------------------- trainer
+
+
+@dataclass
+class TrainerConfig:
+    """The loop: steps, validation, checkpoints, logging."""
+
+    total_steps: int = 40
+    seed: int = 0
+    run_dir: Optional[str] = None
+    """Default: ``runs/<experiment_name>``."""
+    project_name: str = "jaxrl_hf"
+    experiment_name: Optional[str] = None
+    """Default: ``<algo>``."""
+    test_freq: int = 20
+    """Validate every N steps (and at the end); <= 0: only before/after."""
+    val_before_train: bool = True
+    save_freq: int = 20
+    """Checkpoint every N steps (and at the end); <= 0: never."""
+    max_ckpt_to_keep: Optional[int] = 2
+    resume_mode: Literal["auto", "disable", "resume_path"] = "auto"
+    resume_from_path: Optional[str] = None
+    critic_warmup: int = 0
+    """Steps that update only the critic before the actor starts learning."""
+    balance_batch: bool = True
+    logger: list[str] = field(default_factory=lambda: ["console", "jsonl", "tensorboard"])
+    progress_bar: bool = True
+    export_hf: bool = False
+    """Write the final actor as an HF safetensors directory to ``run_dir/hf_actor``."""
+    ray_init_timeout_s: float = 180.0
+
+
+# ----------------------------------------------------------------------------------------- placement
+
+
+@dataclass
+class ParallelSizes:
+    pp: int = 1
+    tp: int = 1
+    dp: int = 1
+
+
+@dataclass
+class GenerateParallelSizes:
+    pp: int = 1
+    tp: int = 1
+
+
+@dataclass
+class PoolConfig:
+    """Where a secondary role runs: ``colocate=True`` shares the actor's pool (time-shared processes)."""
+
+    colocate: bool = True
+    num_processes: int = 1
+    devices_per_process: int = 1
+
+
+@dataclass
+class PlacementConfig:
+    """Devices and parallel sizes. CPU: ``num_processes`` Ray processes × ``devices_per_process`` host devices."""
+
+    num_processes: int = 1
+    devices_per_process: int = 1
+    cpus_per_process: float = 0.25
+    train: ParallelSizes = field(default_factory=ParallelSizes)
+    generate: GenerateParallelSizes = field(default_factory=GenerateParallelSizes)
+    critic: PoolConfig = field(default_factory=PoolConfig)
+    reward: PoolConfig = field(default_factory=PoolConfig)
+
+
+# --------------------------------------------------------------------------------------------- root
+
+
+@dataclass
+class RunConfig:
+    """Everything a run needs; ``algo`` names the control flow in ``jaxrl_hf.trainer.algorithms``."""
+
+    algo: Literal["dapo", "grpo", "ppo", "remax", "rloo", "reinforce_pp", "gspo", "safe_rlhf"] = "dapo"
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    ref: RefConfig = field(default_factory=RefConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
+    cost_model: CostModelConfig = field(default_factory=CostModelConfig)
+    custom_reward_function: CustomRewardFunctionConfig = field(default_factory=CustomRewardFunctionConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain nested dict (what the workers receive)."""
+        return dataclasses.asdict(self)
+
+
+ALGOS: tuple[str, ...] = ("dapo", "grpo", "ppo", "remax", "rloo", "reinforce_pp", "gspo", "safe_rlhf")

@@ -1,0 +1,210 @@
+"""Cross-field checks of a resolved ``RunConfig``: batch arithmetic, ranges, and what each algorithm needs.
+
+Each failure raises ``ConfigError`` naming the key(s) involved and the rule, e.g.::
+
+    config key 'actor.ppo_mini_batch_size'=3: data.train_batch_size=8 must be a multiple of it
+"""
+
+from __future__ import annotations
+
+import os
+
+from jaxrl_hf.config.build import ConfigError
+from jaxrl_hf.config.schema import RunConfig
+
+GROUP_ESTIMATORS = ("grpo", "grpo_passk", "rloo", "opo", "reinforce_plus_plus_baseline", "gpg")
+BUILTIN_DATASETS = ("arithmetic", "gsm8k")
+KNOWN_LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
+# mirrors jaxrl_hf.algos.kl (kept here so validating a config does not import JAX)
+_KL_BASE = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full")
+KL_TYPES = _KL_BASE + tuple(k + "+" for k in _KL_BASE if k != "full")
+
+
+def _fail(key: str, value: object, rule: str) -> None:
+    raise ConfigError(f"config key '{key}'={value!r}: {rule}")
+
+
+def _positive(key: str, value: float | int) -> None:
+    if not value > 0:
+        _fail(key, value, "must be > 0")
+
+
+def train_dp_size(config: RunConfig) -> int:
+    """Data-parallel size of actor training: ``placement.train.dp``."""
+    return config.placement.train.dp
+
+
+def check_placement(config: RunConfig) -> None:
+    """Parallel sizes must tile the devices of the actor pool."""
+    p = config.placement
+    _positive("placement.num_processes", p.num_processes)
+    _positive("placement.devices_per_process", p.devices_per_process)
+    devices = p.num_processes * p.devices_per_process
+    for name, size in (("pp", p.train.pp), ("tp", p.train.tp), ("dp", p.train.dp)):
+        _positive(f"placement.train.{name}", size)
+    if p.train.pp * p.train.tp * p.train.dp != devices:
+        raise ConfigError(
+            f"config keys 'placement.train.{{pp,tp,dp}}'=({p.train.pp},{p.train.tp},{p.train.dp}): pp*tp*dp="
+            f"{p.train.pp * p.train.tp * p.train.dp} must equal the actor pool's devices placement.num_processes"
+            f"*placement.devices_per_process={devices}"
+        )
+    for name, size, train_size in (("pp", p.generate.pp, p.train.pp), ("tp", p.generate.tp, p.train.tp)):
+        _positive(f"placement.generate.{name}", size)
+        if train_size % size:
+            _fail(f"placement.generate.{name}", size, f"must divide placement.train.{name}={train_size} (3D-HybridEngine)")
+
+
+def check_batch_arithmetic(config: RunConfig) -> None:
+    """train_batch_size·n sequences split into mini-batches, mini-batches into dp shards of micro-batches."""
+    d, n, dp = config.data, config.rollout.n, train_dp_size(config)
+    _positive("data.train_batch_size", d.train_batch_size)
+    _positive("rollout.n", n)
+    roles = [("actor", config.actor.ppo_mini_batch_size, config.actor.ppo_micro_batch_size_per_device)]
+    if config.critic.enable:
+        roles.append(("critic", config.critic.ppo_mini_batch_size, config.critic.ppo_micro_batch_size_per_device))
+    for role, mini, micro in roles:
+        _positive(f"{role}.ppo_mini_batch_size", mini)
+        _positive(f"{role}.ppo_micro_batch_size_per_device", micro)
+        if d.train_batch_size % mini:
+            _fail(f"{role}.ppo_mini_batch_size", mini,
+                  f"data.train_batch_size={d.train_batch_size} (prompts) must be a multiple of it")
+        sequences = mini * n
+        if sequences % dp:
+            _fail(f"{role}.ppo_mini_batch_size", mini,
+                  f"a mini-batch of {mini} prompts x rollout.n={n} = {sequences} sequences must split evenly over "
+                  f"placement.train.dp={dp}")
+        per_rank = sequences // dp
+        if per_rank % micro:
+            _fail(f"{role}.ppo_micro_batch_size_per_device", micro,
+                  f"must divide the {per_rank} sequences per dp rank of a mini-batch "
+                  f"({role}.ppo_mini_batch_size={mini} x rollout.n={n} / placement.train.dp={dp})")
+    if (d.train_batch_size * n) % dp:
+        _fail("data.train_batch_size", d.train_batch_size,
+              f"train_batch_size x rollout.n={n} must be a multiple of placement.train.dp={dp}")
+    _positive("data.gen_batch_size", d.gen_batch_size or 0)
+
+
+def check_algorithm(config: RunConfig) -> None:
+    """What each estimator / algorithm needs."""
+    alg, n = config.algorithm, config.rollout.n
+    if alg.adv_estimator in GROUP_ESTIMATORS and n < 2:
+        _fail("rollout.n", n, f"algorithm.adv_estimator={alg.adv_estimator!r} compares samples of a prompt; need n >= 2")
+    if alg.filter_groups.enable and n < 2:
+        _fail("rollout.n", n, "algorithm.filter_groups.enable (dynamic sampling) needs n >= 2 samples per prompt")
+    if alg.adv_estimator == "gae" and not config.critic.enable:
+        _fail("critic.enable", config.critic.enable, "algorithm.adv_estimator='gae' needs a critic")
+    if config.algo == "ppo" and alg.adv_estimator != "gae":
+        _fail("algorithm.adv_estimator", alg.adv_estimator, "--algo ppo uses GAE with a critic; set 'gae'")
+    if config.algo == "remax" and alg.adv_estimator != "remax":
+        _fail("algorithm.adv_estimator", alg.adv_estimator, "--algo remax needs the 'remax' estimator")
+    if config.algo == "safe_rlhf":
+        if not config.cost_model.enable:
+            _fail("cost_model.enable", config.cost_model.enable, "--algo safe_rlhf needs a cost model")
+        if alg.adv_estimator != "gae" or not config.critic.enable:
+            _fail("algorithm.adv_estimator", alg.adv_estimator, "--algo safe_rlhf uses GAE with reward and cost critics")
+    if config.actor.ptx_coef > 0 and not config.data.ptx_files:
+        _fail("data.ptx_files", config.data.ptx_files, f"actor.ptx_coef={config.actor.ptx_coef} needs pre-training texts")
+    for key, value in (("algorithm.kl_penalty", alg.kl_penalty), ("actor.kl_loss_type", config.actor.kl_loss_type)):
+        if value not in KL_TYPES:
+            _fail(key, value, f"valid KL estimators: {list(KL_TYPES)}")
+    if alg.kl_ctrl.kl_coef < 0:
+        _fail("algorithm.kl_ctrl.kl_coef", alg.kl_ctrl.kl_coef, "must be >= 0")
+    if alg.kl_ctrl.type == "adaptive":
+        _positive("algorithm.kl_ctrl.horizon", alg.kl_ctrl.horizon)
+        _positive("algorithm.kl_ctrl.target_kl", alg.kl_ctrl.target_kl)
+    if not 0 <= alg.gamma <= 1:
+        _fail("algorithm.gamma", alg.gamma, "must be in [0, 1]")
+    if not 0 <= alg.lam <= 1:
+        _fail("algorithm.lam", alg.lam, "must be in [0, 1]")
+
+
+def check_actor(config: RunConfig) -> None:
+    """Loss, optimizer and sampling ranges."""
+    a = config.actor
+    _positive("actor.clip_ratio", a.clip_ratio)
+    for key, value in (("actor.clip_ratio_low", a.clip_ratio_low), ("actor.clip_ratio_high", a.clip_ratio_high)):
+        if value is not None:
+            _positive(key, value)
+    if not a.clip_ratio_c > 1:
+        _fail("actor.clip_ratio_c", a.clip_ratio_c, "dual-clip constant must be > 1")
+    _positive("actor.ppo_epochs", a.ppo_epochs)
+    _positive("actor.grad_clip", a.grad_clip)
+    for role, optim in (("actor", a.optim), ("critic", config.critic.optim)):
+        _positive(f"{role}.optim.lr", optim.lr)
+        if optim.warmup_steps < 0:
+            _fail(f"{role}.optim.warmup_steps", optim.warmup_steps, "must be >= 0")
+        if len(optim.betas) != 2 or not all(0 <= b < 1 for b in optim.betas):
+            _fail(f"{role}.optim.betas", optim.betas, "must be two numbers in [0, 1)")
+        if not 0 <= optim.min_lr_ratio <= 1:
+            _fail(f"{role}.optim.min_lr_ratio", optim.min_lr_ratio, "must be in [0, 1]")
+    if a.rollout_correction.level is not None:
+        _positive("actor.rollout_correction.threshold", a.rollout_correction.threshold)
+    r = config.rollout
+    if not r.temperature > 0:
+        _fail("rollout.temperature", r.temperature, "must be > 0 (use rollout.val.greedy for greedy decoding)")
+    if not 0 < r.top_p <= 1:
+        _fail("rollout.top_p", r.top_p, "must be in (0, 1]")
+    _positive("rollout.val.n", r.val.n)
+    _positive("rollout.val.temperature", r.val.temperature)
+
+
+def check_data_and_rewards(config: RunConfig) -> None:
+    """Lengths, dataset names/paths, reward shaping."""
+    d = config.data
+    _positive("data.max_prompt_length", d.max_prompt_length)
+    _positive("data.max_response_length", d.max_response_length)
+    if not d.train_files:
+        _fail("data.train_files", d.train_files, "needs at least one dataset ('arithmetic', 'gsm8k' or a file)")
+    for key, files in (("data.train_files", d.train_files), ("data.val_files", d.val_files), ("data.ptx_files", d.ptx_files)):
+        for name in files:
+            if name not in BUILTIN_DATASETS and not os.path.isfile(name):
+                _fail(key, name, f"not a built-in dataset {list(BUILTIN_DATASETS)} and no such file")
+    if ("gsm8k" in d.train_files + d.val_files + d.ptx_files) and not os.path.isdir(d.gsm8k_dir):
+        _fail("data.gsm8k_dir", d.gsm8k_dir, "no such directory (needed for the 'gsm8k' dataset)")
+    if d.train_size < d.train_batch_size and "arithmetic" in d.train_files:
+        _fail("data.train_size", d.train_size, f"fewer rows than one batch (data.train_batch_size={d.train_batch_size})")
+    if d.val_size < 0:
+        _fail("data.val_size", d.val_size, "must be >= 0 (0 = all rows)")
+    rm = config.reward_model
+    ob = rm.overlong_buffer
+    if ob.enable:
+        if rm.reward_manager != "dapo":
+            _fail("reward_model.overlong_buffer.enable", True, "needs reward_model.reward_manager='dapo'")
+        if not 0 < ob.len <= d.max_response_length:
+            _fail("reward_model.overlong_buffer.len", ob.len,
+                  f"must be in (0, data.max_response_length={d.max_response_length}]")
+    if rm.enable and not rm.path:
+        _fail("reward_model.path", rm.path, "reward_model.enable needs a reward model directory or 'tiny-random'")
+    if config.cost_model.enable and not config.cost_model.path:
+        _fail("cost_model.path", config.cost_model.path, "cost_model.enable needs a cost model directory or 'tiny-random'")
+    crf = config.custom_reward_function
+    if crf.path is not None and not os.path.isfile(crf.path):
+        _fail("custom_reward_function.path", crf.path, "no such file")
+
+
+def check_trainer(config: RunConfig) -> None:
+    """Loop, checkpoint and logging settings."""
+    t = config.trainer
+    _positive("trainer.total_steps", t.total_steps)
+    if t.resume_mode == "resume_path" and not t.resume_from_path:
+        _fail("trainer.resume_from_path", t.resume_from_path, "trainer.resume_mode='resume_path' needs a checkpoint path")
+    if t.max_ckpt_to_keep is not None and t.max_ckpt_to_keep < 1:
+        _fail("trainer.max_ckpt_to_keep", t.max_ckpt_to_keep, "must be >= 1 or null (keep all)")
+    if t.critic_warmup < 0:
+        _fail("trainer.critic_warmup", t.critic_warmup, "must be >= 0")
+    for name in t.logger:
+        if name not in KNOWN_LOGGERS:
+            _fail("trainer.logger", name, f"valid loggers: {list(KNOWN_LOGGERS)}")
+    model = config.model.path
+    if model != "tiny-random" and model.lower() != "smollm2-135m-instruct" and not os.path.exists(model):
+        _fail("model.path", model, "not 'smollm2-135m-instruct', 'tiny-random', an HF directory or a .gguf file")
+
+
+def validate_config(config: RunConfig) -> None:
+    """All checks; raises ``ConfigError`` on the first problem."""
+    check_placement(config)
+    check_batch_arithmetic(config)
+    check_algorithm(config)
+    check_actor(config)
+    check_data_and_rewards(config)
+    check_trainer(config)

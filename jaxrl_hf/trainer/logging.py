@@ -1,0 +1,148 @@
+"""Where metrics go: ``run_dir/metrics.jsonl`` (one JSON object per step), the console, TensorBoard.
+
+* ``metrics.jsonl``: ``{"step": N, <metric>: float, ...}`` per training step; validation results also go
+  to ``validation.jsonl`` (step 0 = before training). On resume the files are cut back to the resumed step,
+  so a killed-and-resumed run's files read exactly like an uninterrupted run's.
+* console: a one-line progress bar per step (``trainer.progress_bar``) plus a few key metrics.
+* TensorBoard: only when ``tensorboardX`` or ``torch.utils.tensorboard`` with ``tensorboard`` is installed
+  (no new dependency); wandb only when installed and listed in ``trainer.logger``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import sys
+import time
+from typing import Any, TextIO
+
+logger = logging.getLogger(__name__)
+
+CONSOLE_KEYS = ("critic/score/mean", "critic/acc/mean", "response_length/mean", "actor/entropy", "actor/pg_clipfrac",
+                "actor/ppo_kl", "timing_s/step")
+
+
+def _json_value(value: Any) -> Any:
+    value = float(value)
+    return value if math.isfinite(value) else str(value)  # NaN/inf as strings: metrics.jsonl stays valid JSON
+
+
+def truncate_jsonl(path: str, max_step: int) -> None:
+    """Drop records with ``step > max_step`` (atomically), e.g. steps logged after the resumed checkpoint."""
+    if not os.path.isfile(path):
+        return
+    with open(path, encoding="utf-8") as fh:
+        lines = [ln for ln in fh if ln.strip()]
+    kept = [ln for ln in lines if json.loads(ln).get("step", 0) <= max_step]
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.writelines(kept)
+    os.replace(tmp, path)
+
+
+def read_jsonl(path: str) -> list[dict[str, Any]]:
+    """All records of a JSON-lines file."""
+    with open(path, encoding="utf-8") as fh:
+        return [json.loads(ln) for ln in fh if ln.strip()]
+
+
+class ProgressBar:
+    """``[#####.....] 12/40 steps  3.1 s/step  eta 1m27s  score=0.31`` redrawn in place on a TTY."""
+
+    def __init__(self, total: int, start: int = 0, stream: TextIO | None = None, width: int = 24) -> None:
+        self.total, self.done, self.width = total, start, width
+        self.stream = stream or sys.stderr
+        self.started = time.perf_counter()
+        self.first = start
+
+    def update(self, step: int, info: str = "") -> None:
+        self.done = step
+        frac = self.done / max(self.total, 1)
+        filled = int(round(frac * self.width))
+        elapsed = time.perf_counter() - self.started
+        rate = elapsed / max(self.done - self.first, 1)
+        eta = rate * (self.total - self.done)
+        line = (f"[{'#' * filled}{'.' * (self.width - filled)}] {self.done}/{self.total} steps  {rate:.1f} s/step  "
+                f"eta {int(eta // 60)}m{int(eta % 60):02d}s  {info}")
+        end = "\r" if self.stream.isatty() and self.done < self.total else "\n"
+        self.stream.write(line + end)
+        self.stream.flush()
+
+
+class MetricLogger:
+    """Writes each step's metrics to the configured sinks (``trainer.logger``)."""
+
+    def __init__(self, run_dir: str, sinks: list[str], *, resume_step: int = 0, config: dict | None = None,
+                 project: str = "jaxrl_hf", experiment: str = "run") -> None:
+        os.makedirs(run_dir, exist_ok=True)
+        self.run_dir = run_dir
+        self.sinks = list(sinks)
+        self.metrics_path = os.path.join(run_dir, "metrics.jsonl")
+        self.validation_path = os.path.join(run_dir, "validation.jsonl")
+        for path in (self.metrics_path, self.validation_path):
+            if resume_step > 0:
+                truncate_jsonl(path, resume_step)
+            elif os.path.exists(path):
+                os.remove(path)  # a fresh run starts fresh files
+        self._tb = self._open_tensorboard() if "tensorboard" in self.sinks else None
+        self._wandb = self._open_wandb(project, experiment, config) if "wandb" in self.sinks else None
+
+    def _open_tensorboard(self) -> Any:
+        for module in ("tensorboardX", "torch.utils.tensorboard"):
+            try:
+                mod = __import__(module, fromlist=["SummaryWriter"])
+                return mod.SummaryWriter(os.path.join(self.run_dir, "tensorboard"))
+            except Exception:  # noqa: BLE001 - not installed (torch's writer needs the tensorboard package)
+                continue
+        logger.info("TensorBoard logging skipped: neither tensorboardX nor tensorboard is installed")
+        return None
+
+    @staticmethod
+    def _open_wandb(project: str, experiment: str, config: dict | None) -> Any:
+        try:
+            import wandb  # type: ignore[import-not-found]
+        except ImportError:
+            logger.warning("trainer.logger lists 'wandb' but wandb is not installed; skipping it")
+            return None
+        return wandb.init(project=project, name=experiment, config=config)
+
+    def _append(self, path: str, record: dict[str, Any]) -> None:
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(record, sort_keys=True) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        """One training step's metrics."""
+        record = {"step": int(step), **{k: _json_value(v) for k, v in metrics.items()}}
+        if "jsonl" in self.sinks:
+            self._append(self.metrics_path, record)
+        if self._tb is not None:
+            for key, value in metrics.items():
+                self._tb.add_scalar(key, float(value), step)
+            self._tb.flush()
+        if self._wandb is not None:
+            self._wandb.log(dict(metrics), step=step)
+
+    def log_validation(self, step: int, metrics: dict[str, float]) -> None:
+        """A validation result (step 0 = before training)."""
+        self._append(self.validation_path, {"step": int(step), **{k: _json_value(v) for k, v in metrics.items()}})
+        if self._tb is not None:
+            for key, value in metrics.items():
+                self._tb.add_scalar(key, float(value), step)
+
+    def console_summary(self, metrics: dict[str, float]) -> str:
+        """A short ``key=value`` string of the headline metrics."""
+        parts = []
+        for key in CONSOLE_KEYS:
+            if key in metrics:
+                parts.append(f"{key.split('/', 1)[-1] if key.count('/') == 1 else key}={float(metrics[key]):.3g}")
+        return " ".join(parts)
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+        if self._wandb is not None:
+            self._wandb.finish()

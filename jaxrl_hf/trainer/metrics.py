@@ -1,0 +1,99 @@
+"""Per-step metrics with verl's names, computed from the step's ``Batch`` (numpy, no JAX).
+
+* data: ``critic/score/{mean,max,min}``, ``critic/rewards/...``, ``critic/advantages/...``, ``critic/returns/...``,
+  ``critic/values/...`` + ``critic/vf_explained_var`` (with a critic), ``response_length/{mean,max,min,clip_ratio}``,
+  ``prompt_length/...``, ``critic/acc/mean`` (rule accuracy).
+* timing: ``timing_s/<stage>`` and ``timing_per_token_ms/<stage>``.
+* throughput: ``perf/total_num_tokens``, ``perf/time_per_step``, ``perf/throughput`` (tokens/s).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+
+import numpy as np
+
+from jaxrl_hf.controller import Batch
+
+
+def _stats(prefix: str, values: np.ndarray) -> dict[str, float]:
+    values = np.asarray(values, np.float64)
+    if values.size == 0:
+        return {}
+    return {f"{prefix}/mean": float(values.mean()), f"{prefix}/max": float(values.max()), f"{prefix}/min": float(values.min())}
+
+
+def data_metrics(batch: Batch, use_critic: bool) -> dict[str, float]:
+    """Score, reward, advantage, return, value and length statistics of a trained batch."""
+    mask = np.asarray(batch["response_mask"], bool)
+    response_len = mask.sum(-1)
+    max_response = mask.shape[-1]
+    prompt_len = np.asarray(batch["prompt_mask"]).sum(-1) if "prompt_mask" in batch else None
+    out: dict[str, float] = {}
+    out.update(_stats("critic/score", np.asarray(batch["token_level_scores"]).sum(-1)))
+    if "token_level_rewards" in batch:
+        out.update(_stats("critic/rewards", np.asarray(batch["token_level_rewards"]).sum(-1)))
+    if "acc" in batch:
+        out["critic/acc/mean"] = float(np.mean(batch["acc"]))
+    for key, name in (("advantages", "critic/advantages"), ("returns", "critic/returns")):
+        if key in batch:
+            out.update(_stats(name, np.asarray(batch[key])[mask]))
+    if use_critic and "values" in batch and "returns" in batch:
+        values = np.asarray(batch["values"])[mask]
+        returns = np.asarray(batch["returns"])[mask]
+        out.update(_stats("critic/values", values))
+        var_returns = np.var(returns)
+        out["critic/vf_explained_var"] = float(1.0 - np.var(returns - values) / (var_returns + 1e-5))
+    out.update(_stats("response_length", response_len))
+    out["response_length/clip_ratio"] = float(np.mean(response_len >= max_response))
+    if prompt_len is not None:
+        out.update(_stats("prompt_length", prompt_len))
+        out["prompt_length/clip_ratio"] = float(np.mean(prompt_len >= np.asarray(batch["prompt_mask"]).shape[-1]))
+    return out
+
+
+def entropy_metric(batch: Batch) -> dict[str, float]:
+    """``actor/entropy``: token-mean policy entropy over valid response tokens (from ``compute_log_prob``)."""
+    if "entropys" not in batch:
+        return {}
+    mask = np.asarray(batch["response_mask"], bool)
+    return {"actor/entropy": float(np.asarray(batch["entropys"], np.float64)[mask].mean()) if mask.any() else 0.0}
+
+
+def throughput_metrics(batch: Batch, timings: dict[str, float], num_devices: int) -> dict[str, float]:
+    """Tokens processed per second of step time (prompt + response tokens, per device)."""
+    tokens = float(np.asarray(batch["response_mask"]).sum() + (np.asarray(batch["prompt_mask"]).sum() if "prompt_mask" in batch else 0))
+    step_time = timings.get("step", 0.0)
+    out = {"perf/total_num_tokens": tokens, "perf/time_per_step": step_time}
+    out["perf/throughput"] = tokens / (step_time * num_devices) if step_time > 0 else 0.0
+    return out
+
+
+def timing_metrics(timings: dict[str, float], batch: Batch) -> dict[str, float]:
+    """``timing_s/<stage>`` and ``timing_per_token_ms/<stage>`` (per response token)."""
+    tokens = max(float(np.asarray(batch["response_mask"]).sum()), 1.0)
+    out = {f"timing_s/{k}": float(v) for k, v in timings.items()}
+    out.update({f"timing_per_token_ms/{k}": 1000.0 * float(v) / tokens for k, v in timings.items() if k != "step"})
+    return out
+
+
+class StageTimer:
+    """Accumulates wall-clock seconds per named stage: ``with timer("gen"): ...``."""
+
+    def __init__(self) -> None:
+        self.timings: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, stage: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.timings[stage] = self.timings.get(stage, 0.0) + time.perf_counter() - start
+
+
+def is_wall_clock_metric(name: str) -> bool:
+    """Metrics that depend on wall-clock time (excluded from determinism comparisons)."""
+    return name.startswith(("timing_s/", "timing_per_token_ms/", "perf/"))

@@ -1,0 +1,74 @@
+"""Resource pools and worker groups from ``placement`` (HybridFlow §2.4: placement is configuration).
+
+* the actor pool hosts ``ActorRolloutRefWorker`` (actor + hybrid-engine rollout + reference, colocated);
+* the critic (and Safe-RLHF's cost critic) share the actor pool when ``placement.critic.colocate`` (time-
+  shared processes) or get their own pool (concurrent stages);
+* the reward/cost models likewise with ``placement.reward``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+from jaxrl_hf.config.schema import PoolConfig, RunConfig
+from jaxrl_hf.controller import ResourcePool, WorkerGroup
+from jaxrl_hf.trainer.step import Roles
+
+
+def actor_role_name(config: RunConfig) -> str:
+    """``actor_rollout_ref`` when a KL term needs reference log-probs, else ``actor_rollout``."""
+    needs_ref = config.algorithm.use_kl_in_reward or config.actor.use_kl_loss
+    return "actor_rollout_ref" if needs_ref else "actor_rollout"
+
+
+class RoleBuilder(contextlib.AbstractContextManager):
+    """Creates the pools and groups of a run; ``close()`` shuts down every pool it started."""
+
+    def __init__(self, config: RunConfig) -> None:
+        self.config = config
+        self.pools: list[ResourcePool] = []
+
+    def _pool(self, name: str, pool_cfg: PoolConfig | None = None) -> ResourcePool:
+        p = self.config.placement
+        procs = pool_cfg.num_processes if pool_cfg else p.num_processes
+        devices = pool_cfg.devices_per_process if pool_cfg else p.devices_per_process
+        pool = ResourcePool(name, procs, devices, cpus_per_process=p.cpus_per_process,
+                            ready_timeout_s=self.config.trainer.ray_init_timeout_s)
+        self.pools.append(pool)
+        return pool
+
+    def build(self) -> Roles:
+        """Start the pools, create the groups and call ``init_model`` on each."""
+        from jaxrl_hf.workers import ActorRolloutRefWorker, CriticWorker, RewardModelWorker
+
+        c = self.config
+        worker_config = c.to_dict()
+        actor_pool = self._pool("actor")
+        actor = WorkerGroup(actor_pool, ActorRolloutRefWorker, worker_config, actor_role_name(c), role="actor")
+        groups = {"actor": actor}
+        critic_pool = actor_pool if c.placement.critic.colocate else None
+        if c.critic.enable:
+            critic_pool = critic_pool or self._pool("critic", c.placement.critic)
+            groups["critic"] = WorkerGroup(critic_pool, CriticWorker, worker_config, role="critic")
+            if c.algo == "safe_rlhf":
+                groups["cost_critic"] = WorkerGroup(critic_pool, CriticWorker, worker_config, role="cost_critic")
+        reward_pool = actor_pool if c.placement.reward.colocate else None
+        if c.reward_model.enable:
+            reward_pool = reward_pool or self._pool("reward", c.placement.reward)
+            groups["reward_model"] = WorkerGroup(reward_pool, RewardModelWorker, worker_config, "reward", role="reward_model")
+        if c.cost_model.enable:
+            reward_pool = reward_pool or self._pool("reward", c.placement.reward)
+            groups["cost_model"] = WorkerGroup(reward_pool, RewardModelWorker, worker_config, "cost", role="cost_model")
+        for group in groups.values():
+            group.init_model()
+        return Roles(**groups)
+
+    def close(self) -> None:
+        for pool in reversed(self.pools):
+            with contextlib.suppress(Exception):
+                pool.shutdown()
+        self.pools.clear()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

@@ -1,0 +1,254 @@
+"""The RL training loop: ``run(algo, preset=None, overrides=())`` is ``python launch/train.py``.
+
+``RLTrainer.fit()``: resume (or start), validate before training, then per step: the algorithm's step
+(``jaxrl_hf.trainer.algorithms``) -> metrics -> ``metrics.jsonl`` / console -> validation every
+``test_freq`` -> checkpoint every ``save_freq``; at the end a final validation, checkpoint, optional HF
+export and a summary (validation accuracy before -> after, where the outputs are).
+
+Determinism: prompts come from a resumable loader, every generation round's seed is a function of
+(``rollout.seed``, step, round), uids of (step, round, row) and the workers' state (params, optimizer, RNG)
+is checkpointed; a resumed run therefore logs the same metrics (except ``timing_s/*``, ``perf/*``) as an
+uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+from jaxrl_hf.config import ConfigError, dump_config, load_config
+from jaxrl_hf.config.schema import RunConfig
+from jaxrl_hf.controller import Batch
+from jaxrl_hf.trainer.advantage import KLController
+from jaxrl_hf.trainer.algorithms import ALGORITHMS
+from jaxrl_hf.trainer.balance import balance_permutation
+from jaxrl_hf.trainer.checkpointing import CheckpointError, CheckpointManager, load_trainer_state
+from jaxrl_hf.trainer.data import collate_prompts, load_split, load_tokenizer, make_train_loader, ptx_examples
+from jaxrl_hf.trainer.dynamic_sampling import DynamicSamplingError
+from jaxrl_hf.trainer.logging import MetricLogger, ProgressBar, read_jsonl
+from jaxrl_hf.trainer.metrics import data_metrics, entropy_metric, throughput_metrics, timing_metrics
+from jaxrl_hf.trainer.roles import RoleBuilder
+from jaxrl_hf.trainer.scoring import RewardFunction
+from jaxrl_hf.trainer.step import UID_STRIDE_ROUND, UID_STRIDE_STEP, Roles, StepContext, generation_seed
+from jaxrl_hf.trainer.validation import aggregate_validation
+
+logger = logging.getLogger("jaxrl_hf.trainer")
+STATE_VERSION = 1
+
+
+class RLTrainer:
+    """Owns the data, the worker groups, logging and checkpoints of one run."""
+
+    def __init__(self, config: RunConfig) -> None:
+        self.config = config
+        self.run_dir = os.path.abspath(config.trainer.run_dir)
+        self.ckpt = CheckpointManager(os.path.join(self.run_dir, "checkpoints"), config.trainer.max_ckpt_to_keep)
+        self.step_fn = ALGORITHMS[config.algo]
+        self.kl_ctrl = KLController.from_config(config.algorithm.kl_ctrl)
+        self.algo_state: dict[str, Any] = {}
+        self.global_step = 0
+        self.roles: Roles | None = None
+
+    # ------------------------------------------------------------------ setup
+    def _setup_data(self) -> None:
+        c = self.config
+        self.tokenizer = load_tokenizer(c.model.path)
+        train = load_split(c, "train", self.tokenizer)
+        rows = [row for rows in train.values() for row in rows]
+        per_round = c.data.gen_batch_size if (c.algo == "dapo" and c.algorithm.filter_groups.enable) else c.data.train_batch_size
+        if per_round >= UID_STRIDE_ROUND:
+            raise ConfigError(f"config key 'data.gen_batch_size'={per_round}: must be < {UID_STRIDE_ROUND}")
+        self.loader = make_train_loader(c, rows, per_round)
+        self.val_sets = load_split(c, "val", self.tokenizer) if c.data.val_files else {}
+        self.ptx = ptx_examples(c, self.tokenizer) if c.actor.ptx_coef > 0 else None
+
+    def next_prompts(self, round_: int) -> Batch:
+        """The loader's next batch as a prompt Batch with uids unique to (step, round, row)."""
+        rows = self.loader.next_batch()
+        uid_base = self.global_step * UID_STRIDE_STEP + round_ * UID_STRIDE_ROUND
+        return collate_prompts(rows, self.tokenizer, self.config.data.max_prompt_length, uid_base)
+
+    def ptx_batch(self, step: int) -> Batch:
+        """This step's pre-training batch (a deterministic slice of the ptx examples)."""
+        assert self.ptx is not None
+        size = self.config.data.train_batch_size * self.config.rollout.n
+        start = ((step - 1) * size) % max(len(self.ptx) - size + 1, 1)
+        return self.ptx[start : start + size]
+
+    # ------------------------------------------------------------------ checkpoints
+    def trainer_state(self) -> dict[str, Any]:
+        return {"version": STATE_VERSION, "global_step": self.global_step, "algo": self.config.algo,
+                "seed": self.config.trainer.seed, "rollout_seed": self.config.rollout.seed,
+                "loader": self.loader.state_dict(), "kl_ctrl": self.kl_ctrl.state_dict(), "algo_state": self.algo_state}
+
+    def save_checkpoint(self) -> str:
+        assert self.roles is not None
+        parts = {"actor": self.roles.actor.save_checkpoint}
+        for name in ("critic", "cost_critic"):
+            group = getattr(self.roles, name)
+            if group is not None:
+                parts[name] = group.save_checkpoint
+        return self.ckpt.save(self.global_step, parts, self.trainer_state())
+
+    def restore(self, path: str) -> None:
+        assert self.roles is not None
+        state = load_trainer_state(path)
+        if state.get("algo") != self.config.algo:
+            raise CheckpointError(f"checkpoint {path} is from --algo {state.get('algo')}, this run is --algo {self.config.algo}")
+        self.roles.actor.load_checkpoint(os.path.join(path, "actor"))
+        for name in ("critic", "cost_critic"):
+            group = getattr(self.roles, name)
+            if group is not None:
+                group.load_checkpoint(os.path.join(path, name))
+        self.loader.load_state_dict(state["loader"])
+        self.kl_ctrl.load_state_dict(state["kl_ctrl"])
+        self.algo_state = dict(state.get("algo_state") or {})
+        self.global_step = int(state["global_step"])
+
+    # ------------------------------------------------------------------ validation
+    def validate(self) -> dict[str, float]:
+        """Sample ``rollout.val.n`` responses per validation prompt; mean@N / best@N / maj@N per source."""
+        c, start = self.config, time.perf_counter()
+        rows = [row for rows in self.val_sets.values() for row in rows]
+        if not rows:
+            return {}
+        size = c.data.val_batch_size or len(rows)
+        scored = []
+        for i in range(0, len(rows), size):
+            prompts = collate_prompts(rows[i : i + size], self.tokenizer, c.data.max_prompt_length, uid_base=i)
+            v = c.rollout.val
+            prompts.meta_info.update({"validate": True, "n": v.n, "greedy": v.greedy, "temperature": v.temperature,
+                                      "top_p": v.top_p, "seed": generation_seed(c.rollout.seed, -1, i)})
+            out = self.roles.actor.generate_sequences(prompts)
+            scored.append(out.union(self.reward_fn(out).select(["seq_score", "acc", "pred"], [])))
+        batch = Batch.concat(scored, meta_conflict="first")
+        metrics = aggregate_validation(list(batch["data_source"]), list(batch["uid"]),
+                                       {"acc": batch["acc"], "score": batch["seq_score"]}, list(batch["pred"]), c.rollout.val.n)
+        metrics["timing_s/testing"] = time.perf_counter() - start
+        return metrics
+
+    # ------------------------------------------------------------------ one step
+    def train_step(self) -> dict[str, float]:
+        c = self.config
+        ctx = StepContext(c, self.roles, self.reward_fn, self.global_step, self.next_prompts, self.kl_ctrl,
+                          state=self.algo_state, ptx_batch=self.ptx_batch if self.ptx is not None else None)
+        start = time.perf_counter()
+        batch = self.step_fn(ctx)
+        ctx.timer.timings["step"] = time.perf_counter() - start
+        metrics = {"training/global_step": float(self.global_step), "training/epoch": float(self.loader.epoch)}
+        metrics.update(ctx.metrics)
+        metrics.update(data_metrics(batch, use_critic=c.critic.enable))
+        if "actor/entropy" not in metrics:
+            metrics.update(entropy_metric(batch))
+        if "rollout_log_probs" in batch and "old_log_probs" in batch:
+            from jaxrl_hf.algos import compute_mismatch_metrics
+
+            mm = compute_mismatch_metrics(np.asarray(batch["old_log_probs"]), np.asarray(batch["rollout_log_probs"]),
+                                          np.asarray(batch["response_mask"]))
+            metrics.update({f"rollout_corr/{k}": float(v) for k, v in mm.items()})
+        devices = c.placement.num_processes * c.placement.devices_per_process
+        metrics.update(timing_metrics(ctx.timer.timings, batch))
+        metrics.update(throughput_metrics(batch, ctx.timer.timings, devices))
+        return metrics
+
+    # ------------------------------------------------------------------ the loop
+    def fit(self) -> int:
+        c = self.config
+        os.makedirs(self.run_dir, exist_ok=True)
+        dump_config(c, os.path.join(self.run_dir, "config.yaml"))
+        self._setup_data()
+        resume = self.ckpt.resume_path(c.trainer.resume_mode, c.trainer.resume_from_path)
+        self.reward_fn = RewardFunction(c, self.tokenizer)
+        with RoleBuilder(c) as builder:
+            self.roles = builder.build()
+            if resume:
+                self.restore(resume)
+                print(f"resumed from {resume} (step {self.global_step})", file=sys.stderr)
+            log = MetricLogger(self.run_dir, c.trainer.logger, resume_step=self.global_step, config=c.to_dict(),
+                               project=c.trainer.project_name, experiment=c.trainer.experiment_name or c.algo)
+            try:
+                return self._loop(log, resumed=resume is not None)
+            finally:
+                log.close()
+                self.reward_fn.close()
+
+    def _loop(self, log: MetricLogger, resumed: bool) -> int:
+        c = self.config
+        if c.trainer.val_before_train and not resumed and self.val_sets:
+            val = self.validate()
+            log.log_validation(0, val)
+            print(f"validation before training: {_headline(val)}", file=sys.stderr)
+        bar = ProgressBar(c.trainer.total_steps, start=self.global_step) if c.trainer.progress_bar else None
+        last_val: dict[str, float] = {}
+        saved_at = None
+        while self.global_step < c.trainer.total_steps:
+            self.global_step += 1
+            try:
+                metrics = self.train_step()
+            except DynamicSamplingError as err:
+                print(f"step {self.global_step}: {err}", file=sys.stderr)
+                return 3
+            is_last = self.global_step == c.trainer.total_steps
+            if self.val_sets and ((c.trainer.test_freq > 0 and self.global_step % c.trainer.test_freq == 0) or is_last):
+                last_val = self.validate()
+                metrics.update(last_val)
+                log.log_validation(self.global_step, last_val)
+            if c.trainer.save_freq > 0 and (self.global_step % c.trainer.save_freq == 0 or is_last):
+                start = time.perf_counter()
+                self.save_checkpoint()
+                saved_at = self.global_step
+                metrics["timing_s/save_checkpoint"] = time.perf_counter() - start
+            log.log(self.global_step, metrics)
+            if "console" in c.trainer.logger:
+                info = log.console_summary(metrics)
+                if bar is not None:
+                    bar.update(self.global_step, info)
+                else:
+                    print(f"step {self.global_step}/{c.trainer.total_steps} {info}", file=sys.stderr)
+        if c.trainer.export_hf:
+            self.roles.actor.export_hf(os.path.join(self.run_dir, "hf_actor"))
+        self._summary(saved_at)
+        return 0
+
+    def _summary(self, saved_at: int | None) -> None:
+        path = os.path.join(self.run_dir, "validation.jsonl")
+        records = read_jsonl(path) if os.path.isfile(path) else []
+        lines = [f"done: {self.config.algo}, {self.global_step} steps"]
+        if records:
+            first, last = records[0], records[-1]
+            for key in sorted(k for k in last if k.startswith("val-core/") and "/acc/" in k):
+                before = f"{first[key]:.3f} (step {first['step']})" if key in first else "n/a"
+                lines.append(f"  {key}: {before} -> {last[key]:.3f} (step {last['step']})")
+        lines.append(f"  metrics:     {os.path.join(self.run_dir, 'metrics.jsonl')}")
+        lines.append(f"  validation:  {path}")
+        if saved_at is not None:
+            lines.append(f"  checkpoint:  {self.ckpt.ckpt_dir}/global_step_{saved_at}")
+        if self.config.trainer.export_hf:
+            lines.append(f"  HF export:   {os.path.join(self.run_dir, 'hf_actor')}")
+        lines.append(f"  plot:        python launch/plot.py {self.run_dir}")
+        print("\n".join(lines), file=sys.stderr)
+
+
+def _headline(metrics: dict[str, float]) -> str:
+    keys = sorted(k for k in metrics if k.startswith("val-core/") and "/acc/" in k)
+    return ", ".join(f"{k.split('/')[1]} acc={metrics[k]:.3f}" for k in keys) or "(no accuracy metric)"
+
+
+def run(algo: str, preset: str | None = None, overrides: list[str] | tuple[str, ...] = ()) -> int:
+    """Load the config and train; returns the process exit status (2 = bad config, 3 = data exhausted)."""
+    try:
+        config = load_config(algo, preset, list(overrides))
+    except ConfigError as err:
+        print(f"jaxrl_hf: config error: {err}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return RLTrainer(config).fit()
+    except (ConfigError, CheckpointError) as err:
+        print(f"jaxrl_hf: {err}", file=sys.stderr)
+        return 2

@@ -1,0 +1,56 @@
+"""Rewards on the driver: the rule reward manager (``jaxrl_hf.rewards``) turned into Batch columns.
+
+``RewardFunction(config, tokenizer)(batch)`` returns a Batch with ``token_level_scores [B, R]`` (the score on
+the last response token), ``seq_score`` / ``acc`` ``[B]`` (per-sample outcome, used by dynamic sampling and
+validation) and, as objects, ``pred`` (the extracted answer, for maj@N); plus reward metrics in meta_info.
+A learned reward model's ``rm_scores`` (from ``RewardModelWorker.compute_rm_score``) are added to the rule
+score with weight 1 (the rule score is scaled by ``reward_model.rule_weight``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from jaxrl_hf.config.schema import RunConfig
+from jaxrl_hf.controller import Batch
+from jaxrl_hf.rewards import ScoreFnSpec, make_reward_manager
+
+
+class RewardFunction:
+    """Scores generated responses with the configured reward manager (in-process or a process pool)."""
+
+    def __init__(self, config: RunConfig, tokenizer: Any) -> None:
+        rm = config.reward_model
+        crf = config.custom_reward_function
+        spec = ScoreFnSpec.from_config({"path": crf.path, "name": crf.name, "reward_kwargs": crf.reward_kwargs})
+        kwargs: dict[str, Any] = dict(tokenizer=tokenizer, num_workers=rm.num_workers, timeout_s=rm.timeout_s,
+                                      num_examine=rm.num_examine)
+        if rm.reward_manager == "dapo":
+            kwargs.update(max_response_length=config.rollout.response_length,
+                          overlong_buffer={"enable": rm.overlong_buffer.enable, "len": rm.overlong_buffer.len,
+                                           "penalty_factor": rm.overlong_buffer.penalty_factor,
+                                           "log": rm.overlong_buffer.log})
+        self.manager = make_reward_manager(rm.reward_manager, score_fn=spec, **kwargs)
+        self.rule_weight = rm.rule_weight if rm.enable else 1.0
+
+    def __call__(self, batch: Batch) -> Batch:
+        """Rule scores of ``batch`` (needs ``responses``, ``response_mask``, ``data_source``, ``ground_truth``)."""
+        out = self.manager(
+            batch["responses"], batch["response_mask"], list(batch["data_source"]), list(batch["ground_truth"]),
+            list(batch["extra_info"]) if "extra_info" in batch else None,
+        )
+        scores = out.token_level_scores.astype(np.float32) * np.float32(self.rule_weight)
+        if "rm_scores" in batch:
+            scores = scores + np.asarray(batch["rm_scores"], np.float32)
+        acc = np.asarray([float(a) if a is not None else 0.0 for a in out.extras["acc"]], np.float32)
+        preds = [None if p is None else str(p) for p in out.extras.get("pred", [None] * len(batch))]
+        return Batch.from_dict(
+            {"token_level_scores": scores, "seq_score": scores.sum(-1), "acc": acc, "pred": preds},
+            meta_info={"reward_metrics": dict(out.metrics)},
+        )
+
+    def close(self) -> None:
+        """Stop the scoring processes (if any)."""
+        self.manager.close()

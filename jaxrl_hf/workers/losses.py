@@ -1,0 +1,186 @@
+"""Pure per-micro-batch losses of the actor and the critic, written for exact gradient accumulation.
+
+Both receive a micro-batch dict (``input_ids``, ``attention_mask``, ``position_ids`` ``[b, P+R]``;
+``responses``, ``response_mask`` and the per-token inputs ``[b, R]``) and the mini-batch denominator
+(``algos.agg_loss_denominator`` of the whole mini-batch's ``response_mask``), and return this micro-batch's
+*share* of the loss: the shares summed over the micro-batches equal the mini-batch loss exactly.
+
+Actor (PPO objective with the verl extensions, HybridFlow eq.1 / DAPO eq.10)::
+
+    L = pg_loss(π_old, π_θ, A; loss_mode, clip ε_low/ε_high, dual-clip c, TIS weights)
+        − entropy_coeff · agg(H(π_θ))  +  kl_loss_coef · agg(KL_est(π_θ ‖ π_ref))   (GRPO eq.4 KL term)
+
+Critic (PPO2 clipped value loss): ½ · agg(max((V − R)², (V_clip − R)²)).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Mapping
+
+import jax
+import jax.numpy as jnp
+
+from jaxrl_hf import algos
+from jaxrl_hf.models.config import DecoderConfig
+from jaxrl_hf.models.forward import hidden_states, lm_head_kernel
+from jaxrl_hf.models.logprobs import log_probs_and_entropy_from_hidden
+from jaxrl_hf.models.value_head import value_forward
+
+Array = jax.Array
+
+
+def response_log_probs(params: Any, config: DecoderConfig, input_ids: Array, attention_mask: Array,
+                       position_ids: Array, response_length: int, temperature: float = 1.0,
+                       with_entropy: bool = True, chunk_size: int = 128, mesh: Any = None,
+                       rules: Any = None) -> tuple[Array, Array]:
+    """``(log π(y_t | x, y_<t), H_t)``, both ``[b, R]`` float32, for the last ``R`` tokens of ``input_ids``.
+
+    The logits are divided by ``temperature`` (the rollout temperature, so these match the sampler's
+    log-probs); the LM head only runs on the ``R`` positions that predict response tokens.
+    """
+    hidden = hidden_states(params, config, input_ids, attention_mask, position_ids, mesh, rules)
+    prompt_len = input_ids.shape[1] - response_length
+    if prompt_len < 1:
+        raise ValueError(f"input_ids width {input_ids.shape[1]} leaves no prompt before {response_length} response tokens")
+    h = hidden[:, prompt_len - 1:-1]
+    kernel = lm_head_kernel(params, config).astype(jnp.dtype(config.dtype))
+    return log_probs_and_entropy_from_hidden(h, kernel, input_ids[:, prompt_len:], temperature, chunk_size,
+                                             with_entropy)
+
+
+def response_values(params: Any, config: DecoderConfig, input_ids: Array, attention_mask: Array,
+                    position_ids: Array, response_length: int, mesh: Any = None, rules: Any = None) -> Array:
+    """Critic values ``[b, R]``: V at the position *before* each response token (the state it was chosen in)."""
+    values = value_forward(params, config, input_ids, attention_mask, position_ids, mesh, rules)
+    return values[:, -response_length - 1:-1]
+
+
+@dataclasses.dataclass(frozen=True)
+class ActorLossConfig:
+    """Static options of the actor loss (hashable; see the module docstring)."""
+
+    loss_mode: str = "vanilla"
+    loss_agg_mode: str = "token-mean"
+    clip_ratio: float = 0.2
+    clip_ratio_low: float | None = None
+    clip_ratio_high: float | None = None
+    clip_ratio_c: float = 3.0
+    entropy_coeff: float = 0.0
+    use_kl_loss: bool = False
+    kl_loss_coef: float = 0.001
+    kl_loss_type: str = "low_var_kl"
+    temperature: float = 1.0
+    rollout_correction_level: str | None = None
+    rollout_correction_threshold: float = 2.0
+
+    def __post_init__(self) -> None:
+        algos.get_policy_loss(self.loss_mode)  # raises listing the valid names
+        if self.loss_agg_mode not in algos.LOSS_AGG_MODES:
+            raise ValueError(f"actor.loss_agg_mode={self.loss_agg_mode!r}; valid: {list(algos.LOSS_AGG_MODES)}")
+        if self.use_kl_loss:
+            algos.kl_penalty(jnp.zeros((1, 1)), jnp.zeros((1, 1)), self.kl_loss_type)  # validates the name
+        if self.rollout_correction_level not in (None,) + algos.rollout_correction.IS_LEVELS:
+            raise ValueError(f"actor.rollout_correction.level={self.rollout_correction_level!r}; valid: "
+                             f"[None, {', '.join(map(repr, algos.rollout_correction.IS_LEVELS))}]")
+        if not self.temperature > 0:
+            raise ValueError(f"rollout.temperature used for log-probs must be > 0, got {self.temperature}")
+
+    def required_keys(self) -> tuple[str, ...]:
+        """Batch keys ``update_actor`` needs under this configuration."""
+        keys = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask", "old_log_probs",
+                "advantages"]
+        if self.use_kl_loss:
+            keys.append("ref_log_prob")
+        if self.rollout_correction_level is not None:
+            keys.append("rollout_log_probs")
+        return tuple(keys)
+
+
+ACTOR_SUMMED_METRICS = ("pg_loss", "entropy", "kl_loss")
+
+
+def response_denominator(loss_agg_mode: str) -> Any:
+    """``denominator_fn`` for `make_train_step`: the aggregation denominator of the whole mini-batch."""
+    def denominator(micro_batches: Mapping[str, Array]) -> Array:
+        mask = micro_batches["response_mask"]
+        return algos.agg_loss_denominator(mask.reshape(-1, mask.shape[-1]), loss_agg_mode)
+    return denominator
+
+
+LogProbFn = Callable[[Any, Mapping[str, Array], float], tuple[Array, Array]]
+ValueFn = Callable[[Any, Mapping[str, Array]], Array]
+
+
+def lm_log_prob_fn(model_config: DecoderConfig, mesh: Any = None, rules: Any = None,
+                   chunk_size: int = 128) -> LogProbFn:
+    """``fn(params, micro, temperature) -> (log_prob, entropy)`` of the decoder on a rollout micro-batch."""
+    def fn(params: Any, micro: Mapping[str, Array], temperature: float) -> tuple[Array, Array]:
+        return response_log_probs(params, model_config, micro["input_ids"], micro["attention_mask"],
+                                  micro["position_ids"], micro["responses"].shape[1], temperature,
+                                  with_entropy=True, chunk_size=chunk_size, mesh=mesh, rules=rules)
+    return fn
+
+
+def value_head_fn(model_config: DecoderConfig, mesh: Any = None, rules: Any = None) -> ValueFn:
+    """``fn(params, micro) -> values [b, R]`` of the value-head model on a rollout micro-batch."""
+    def fn(params: Any, micro: Mapping[str, Array]) -> Array:
+        return response_values(params, model_config, micro["input_ids"], micro["attention_mask"],
+                               micro["position_ids"], micro["responses"].shape[1], mesh, rules)
+    return fn
+
+
+def actor_loss(params: Any, micro: Mapping[str, Array], denominator: Array, *, log_prob_fn: LogProbFn,
+               cfg: ActorLossConfig) -> tuple[Array, dict[str, Array]]:
+    """This micro-batch's share of the actor loss and its metrics (module docstring).
+
+    ``log_prob_fn`` is the policy (`lm_log_prob_fn` for the decoder); the loss itself is model-agnostic.
+    """
+    mask = micro["response_mask"].astype(jnp.float32)
+    log_prob, entropy = log_prob_fn(params, micro, cfg.temperature)
+    weights = None
+    if cfg.rollout_correction_level is not None:
+        weights = algos.compute_rollout_is_weights(micro["old_log_probs"], micro["rollout_log_probs"], mask,
+                                                   level=cfg.rollout_correction_level,
+                                                   threshold=cfg.rollout_correction_threshold)
+    pg_loss, pg_metrics = algos.get_policy_loss(cfg.loss_mode)(
+        micro["old_log_probs"], log_prob, micro["advantages"], mask, loss_agg_mode=cfg.loss_agg_mode,
+        clip_ratio=cfg.clip_ratio, clip_ratio_low=cfg.clip_ratio_low, clip_ratio_high=cfg.clip_ratio_high,
+        clip_ratio_c=cfg.clip_ratio_c, rollout_is_weights=weights, global_denominator=denominator)
+    entropy_share = algos.agg_loss(entropy, mask, cfg.loss_agg_mode, global_denominator=denominator)
+    loss = pg_loss - cfg.entropy_coeff * entropy_share
+    metrics = {"pg_loss": pg_loss, "entropy": jax.lax.stop_gradient(entropy_share), **pg_metrics}
+    if cfg.use_kl_loss:
+        kl = algos.kl_penalty(log_prob, micro["ref_log_prob"], cfg.kl_loss_type)
+        kl_share = algos.agg_loss(kl, mask, cfg.loss_agg_mode, global_denominator=denominator)
+        loss = loss + cfg.kl_loss_coef * kl_share
+        metrics["kl_loss"] = kl_share
+    return loss, metrics
+
+
+@dataclasses.dataclass(frozen=True)
+class CriticLossConfig:
+    """Static options of the critic loss."""
+
+    cliprange_value: float = 0.5
+    loss_agg_mode: str = "token-mean"
+
+    def __post_init__(self) -> None:
+        if self.loss_agg_mode not in algos.LOSS_AGG_MODES:
+            raise ValueError(f"critic.loss_agg_mode={self.loss_agg_mode!r}; valid: {list(algos.LOSS_AGG_MODES)}")
+        if not self.cliprange_value > 0:
+            raise ValueError(f"critic.cliprange_value must be > 0, got {self.cliprange_value}")
+
+
+CRITIC_SUMMED_METRICS = ("vf_loss",)
+
+
+def critic_loss(params: Any, micro: Mapping[str, Array], denominator: Array, *, value_fn: ValueFn,
+                cfg: CriticLossConfig) -> tuple[Array, dict[str, Array]]:
+    """This micro-batch's share of the clipped value loss (``algos.compute_value_loss``) and its metrics."""
+    mask = micro["response_mask"].astype(jnp.float32)
+    vpreds = value_fn(params, micro)
+    loss, clipfrac = algos.compute_value_loss(vpreds, micro["returns"], micro["values"], mask, cfg.cliprange_value,
+                                              cfg.loss_agg_mode, global_denominator=denominator)
+    vpred_mean = algos.masked_mean(jax.lax.stop_gradient(vpreds), mask)
+    return loss, {"vf_loss": loss, "vf_clipfrac": clipfrac, "vpred_mean": vpred_mean}

@@ -1,0 +1,107 @@
+"""The pure training step: micro-batch gradient accumulation, exact global denominators, one optimizer update.
+
+``make_train_step(loss_fn, optimizer, ...)`` returns ``step(state, micro_batches) -> (state, metrics)``:
+
+* ``micro_batches`` is a dict of arrays shaped ``[M, b, ...]`` (``M`` micro-batches of ``b`` rows; the
+  ``b`` axis may be sharded over data-parallel devices).
+* ``denominator_fn(micro_batches)`` is evaluated once on the *whole* mini-batch (e.g. the total number of
+  valid tokens from ``algos.agg_loss_denominator``) and handed to every ``loss_fn`` call. A loss written
+  as ``Σ_micro numerator / global_denominator`` then sums to exactly the mini-batch loss, so the
+  accumulated gradient equals the gradient of one big batch (DAPO eq.10's token-mean stays a *global*
+  token mean under accumulation; averaging per-micro-batch means would not).
+* ``loss_fn(params, micro, denominators) -> (loss_share, aux)``; gradients and ``loss_share`` are summed
+  over ``M`` with ``lax.scan`` (one micro-batch's activations live at a time); ``aux`` scalars named in
+  ``summed_aux`` (other loss shares) are summed, the rest (ratios such as clip fractions) averaged.
+* The update: global-norm clipping + AdamW (``optim.make_optimizer``); a non-finite gradient norm skips the
+  update (params, optimizer state and step count unchanged) and is reported as ``skipped = 1``.
+* ``state`` is donated: the old parameter and optimizer buffers are reused for the new ones.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from jaxrl_hf.workers.optim import OptimConfig, learning_rate, make_optimizer
+
+LossFn = Callable[[Any, Mapping[str, jax.Array], Any], tuple[jax.Array, Mapping[str, jax.Array]]]
+
+
+class TrainState(NamedTuple):
+    """Parameters, optimizer state and the number of optimizer updates applied (int32 scalar)."""
+
+    params: Any
+    opt_state: Any
+    step: jax.Array
+
+
+def init_train_state(params: Any, optimizer: optax.GradientTransformation) -> TrainState:
+    """A fresh state (step 0) for ``params``; the optimizer state inherits the params' shardings."""
+    return TrainState(params, optimizer.init(params), jnp.zeros((), jnp.int32))
+
+
+def accumulate_gradients(loss_fn: LossFn, params: Any, micro_batches: Mapping[str, jax.Array],
+                         denominators: Any, summed_aux: tuple[str, ...] = ()) -> tuple[jax.Array, Any, dict[str, jax.Array]]:
+    """``(Σ loss shares, Σ grads, aux)`` over the leading micro-batch axis of ``micro_batches``; ``aux``
+    entries named in ``summed_aux`` are summed, the others averaged over the micro-batches."""
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+    first = jax.tree.map(lambda x: x[0], micro_batches)
+    aux_shape = jax.eval_shape(lambda: loss_fn(params, first, denominators)[1])
+    zero_grads = jax.tree.map(jnp.zeros_like, params)
+    zero_aux = {k: jnp.zeros((), jnp.float32) for k in aux_shape}
+
+    def body(carry, micro):
+        loss_sum, grad_sum, aux_sum = carry
+        (loss, aux), grads = grad_fn(params, micro, denominators)
+        grad_sum = jax.tree.map(jnp.add, grad_sum, grads)
+        aux_sum = {k: aux_sum[k] + jnp.asarray(aux[k], jnp.float32) for k in aux_sum}
+        return (loss_sum + loss, grad_sum, aux_sum), None
+
+    (loss, grads, aux), _ = jax.lax.scan(body, (jnp.zeros((), jnp.float32), zero_grads, zero_aux), micro_batches)
+    count = jax.tree.leaves(micro_batches)[0].shape[0]
+    return loss, grads, {k: v if k in summed_aux else v / count for k, v in aux.items()}
+
+
+def apply_update(state: TrainState, grads: Any, optimizer: optax.GradientTransformation,
+                 optim: OptimConfig) -> tuple[TrainState, dict[str, jax.Array]]:
+    """One optimizer update from summed gradients; skipped (state unchanged) when ‖g‖ is not finite."""
+    grad_norm = optax.global_norm(grads)
+    finite = jnp.isfinite(grad_norm)
+    lr = learning_rate(optim, state.step)
+    safe_grads = jax.tree.map(lambda g: jnp.where(finite, g, jnp.zeros_like(g)), grads)
+    updates, new_opt = optimizer.update(safe_grads, state.opt_state, state.params)
+    new_params = optax.apply_updates(state.params, updates)
+    keep = lambda new, old: jnp.where(finite, new, old)  # noqa: E731
+    new_state = TrainState(jax.tree.map(keep, new_params, state.params), jax.tree.map(keep, new_opt, state.opt_state),
+                           state.step + finite.astype(jnp.int32))
+    return new_state, {"grad_norm": grad_norm, "lr": lr, "skipped": 1.0 - finite.astype(jnp.float32)}
+
+
+def make_train_step(loss_fn: LossFn, optim: OptimConfig, *,
+                    denominator_fn: Callable[[Mapping[str, jax.Array]], Any] | None = None,
+                    summed_aux: tuple[str, ...] = (), optimizer: optax.GradientTransformation | None = None,
+                    donate: bool = True,
+                    state_shardings: Any = None, jit: bool = True) -> Callable:
+    """The jitted ``step(state, micro_batches) -> (state, metrics)`` described in the module docstring.
+
+    ``metrics``: ``loss`` (exact mini-batch loss), ``grad_norm`` (before clipping), ``lr`` (used for this
+    update), ``skipped``, and the averaged ``aux`` entries of ``loss_fn``. ``state_shardings`` (a
+    ``TrainState`` of shardings) pins the output layout to the input layout so donation can reuse buffers.
+    """
+    optimizer = optimizer or make_optimizer(optim)
+
+    def step(state: TrainState, micro_batches: Mapping[str, jax.Array]) -> tuple[TrainState, dict[str, jax.Array]]:
+        denominators = denominator_fn(micro_batches) if denominator_fn is not None else None
+        loss, grads, aux = accumulate_gradients(loss_fn, state.params, micro_batches, denominators, summed_aux)
+        new_state, update_metrics = apply_update(state, grads, optimizer, optim)
+        return new_state, {"loss": loss, **update_metrics, **aux}
+
+    if not jit:
+        return step
+    kwargs: dict[str, Any] = {"donate_argnums": (0,) if donate else ()}
+    if state_shardings is not None:
+        kwargs["out_shardings"] = (state_shardings, None)
+    return jax.jit(step, **kwargs)

@@ -1,0 +1,85 @@
+"""vLLM side of ``launch/bench_generation.py``: run in its own interpreter (the vLLM venv).
+
+Reads a JSON spec ``{"model_dir", "max_new", "dtype", "seed", "batches": {"<B>": [[token ids], ...]}}``,
+creates one offline ``vllm.LLM`` on the HF-format model directory, and for each batch size times one
+``llm.generate`` call on exactly those token-id prompts: greedy (temperature 0), ``ignore_eos=True`` and
+``min_tokens = max_tokens = max_new`` so every sequence generates exactly ``max_new`` tokens, no
+detokenisation, prefix caching off (the timed call re-does its prefill like the other engines).
+Each timed call follows a warm-up call on the same prompts (fewer tokens). Writes
+``{"vllm_version", "init_s", "rows": {"<B>": {"tokens", "seconds", "tok_per_s", "warmup_s"}}}`` to ``--out``.
+
+  .venv-vllm/bin/python launch/_bench_vllm_worker.py --spec spec.json --out result.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+# The engine must run in this process (no engine-core subprocess) so the timing is of one process.
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+
+def _check_spec(spec: dict, path: str) -> None:
+    missing = [k for k in ("model_dir", "max_new", "batches") if k not in spec]
+    if missing:
+        raise ValueError(f"{path}: spec is missing keys {missing}; needs model_dir, max_new, batches")
+    for b, prompts in spec["batches"].items():
+        if len(prompts) != int(b):
+            raise ValueError(f"{path}: batch {b} has {len(prompts)} prompts")
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError(f"{path}: batch {b} has an empty prompt")
+
+
+def run(spec: dict) -> dict:
+    """Time greedy generation of exactly ``max_new`` tokens per prompt for each batch in ``spec``."""
+    import vllm
+    from vllm import LLM, SamplingParams
+
+    max_new = int(spec["max_new"])
+    longest = max(len(p) for prompts in spec["batches"].values() for p in prompts)
+    largest = max(int(b) for b in spec["batches"])
+    t0 = time.perf_counter()
+    llm = LLM(model=spec["model_dir"], dtype=spec.get("dtype", "float32"), seed=int(spec.get("seed", 0)),
+              max_model_len=longest + max_new + 8, max_num_seqs=max(largest, 1),
+              gpu_memory_utilization=float(spec.get("memory_fraction", 0.1)), enable_prefix_caching=False)
+    init_s = time.perf_counter() - t0
+
+    def params(n: int) -> SamplingParams:
+        return SamplingParams(temperature=0.0, max_tokens=n, min_tokens=n, ignore_eos=True, detokenize=False)
+
+    rows = {}
+    for b, prompts in spec["batches"].items():
+        inputs = [{"prompt_token_ids": list(map(int, p))} for p in prompts]
+        t = time.perf_counter()
+        llm.generate(inputs, params(min(max_new, 8)), use_tqdm=False)
+        warmup_s = time.perf_counter() - t
+        t = time.perf_counter()
+        outs = llm.generate(inputs, params(max_new), use_tqdm=False)
+        seconds = time.perf_counter() - t
+        counts = [len(o.outputs[0].token_ids) for o in outs]
+        if any(c != max_new for c in counts):
+            raise RuntimeError(f"vLLM generated {sorted(set(counts))} tokens per sequence, expected {max_new}")
+        tokens = sum(counts)
+        rows[b] = {"tokens": tokens, "seconds": seconds, "tok_per_s": tokens / seconds, "warmup_s": warmup_s,
+                   "first_tokens": [list(o.outputs[0].token_ids[:16]) for o in outs[:2]]}
+    return {"vllm_version": vllm.__version__, "init_s": init_s, "dtype": spec.get("dtype", "float32"), "rows": rows}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--spec", required=True, help="JSON spec written by bench_generation.py")
+    parser.add_argument("--out", required=True, help="where to write the result JSON")
+    args = parser.parse_args()
+    with open(args.spec) as f:
+        spec = json.load(f)
+    _check_spec(spec, args.spec)
+    result = run(spec)
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,130 @@
+"""Config system: YAML layers, dotted overrides with type coercion, errors naming the key, batch arithmetic."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from jaxrl_hf.config import ALGOS, ConfigError, config_from_dict, load_config, valid_keys
+from jaxrl_hf.config.schema import ActorConfig, RunConfig
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_every_algorithm_config_loads_with_and_without_smoke(algo):
+    plain = load_config(algo) if algo != "safe_rlhf" else None
+    smoke = load_config(algo, preset="smoke")
+    assert smoke.model.path == "tiny-random" and smoke.trainer.total_steps == 2
+    assert smoke.rollout.response_length == smoke.data.max_response_length
+    if plain is not None:
+        assert plain.model.path == "smollm2-135m-instruct"
+        assert plain.trainer.run_dir == f"runs/{algo}"
+
+
+def test_algorithm_yaml_values_reach_the_config():
+    dapo = load_config("dapo")
+    assert dapo.actor.clip_ratio_high == 0.28 and dapo.actor.clip_ratio_low == 0.2
+    assert dapo.algorithm.filter_groups.enable and dapo.reward_model.overlong_buffer.enable
+    assert dapo.actor.loss_agg_mode == "token-mean" and not dapo.actor.use_kl_loss
+    ppo = load_config("ppo")
+    assert ppo.critic.enable and ppo.algorithm.adv_estimator == "gae" and ppo.algorithm.use_kl_in_reward
+    assert load_config("gspo").actor.policy_loss.loss_mode == "gspo"
+
+
+def test_overrides_are_coerced_to_field_types():
+    cfg = load_config("grpo", overrides=[
+        "actor.optim.lr=1e-6", "rollout.n=8", "trainer.logger=[console]", "actor.use_kl_loss=false",
+        "actor.optim.betas=[0.9, 0.95]", "trainer.max_ckpt_to_keep=null", "data.train_batch_size=16",
+        "custom_reward_function.reward_kwargs.scale=2",
+    ])
+    assert cfg.actor.optim.lr == pytest.approx(1e-6) and isinstance(cfg.actor.optim.lr, float)
+    assert cfg.rollout.n == 8 and cfg.trainer.logger == ["console"] and cfg.actor.use_kl_loss is False
+    assert cfg.actor.optim.betas == [0.9, 0.95] and cfg.trainer.max_ckpt_to_keep is None
+    assert cfg.custom_reward_function.reward_kwargs == {"scale": 2}
+
+
+def test_verl_aliases_map_to_sections():
+    cfg = load_config("dapo", overrides=["actor_rollout_ref.actor.clip_ratio_high=0.3",
+                                         "actor_rollout_ref.rollout.n=2", "trainer.total_training_steps=7"])
+    assert cfg.actor.clip_ratio_high == 0.3 and cfg.rollout.n == 2 and cfg.trainer.total_steps == 7
+    assert cfg.actor.optim.total_steps == 7  # derived default follows
+
+
+@pytest.mark.parametrize("override, fragments", [
+    ("actor.clip_ratio_hgih=0.3", ["actor.clip_ratio_hgih", "valid keys under 'actor'", "clip_ratio_high"]),
+    ("trainr.total_steps=3", ["trainr", "valid keys at the top level", "trainer"]),
+    ("rollout.n=abc", ["rollout.n", "expected an int", "abc"]),
+    ("actor.loss_agg_mode=mean", ["actor.loss_agg_mode", "token-mean", "seq-mean-token-sum"]),
+    ("actor.optim.lr.x=1", ["actor.optim.lr", "is a value, not a section"]),
+    ("trainer.save_freq", ["not of the form key.path=value"]),
+    ("trainer.val_before_train=maybe", ["trainer.val_before_train", "bool"]),
+])
+def test_bad_overrides_name_the_key(override, fragments):
+    with pytest.raises(ConfigError) as err:
+        load_config("dapo", overrides=[override])
+    for fragment in fragments:
+        assert fragment in str(err.value), str(err.value)
+
+
+@pytest.mark.parametrize("overrides, fragments", [
+    (["data.train_batch_size=8", "actor.ppo_mini_batch_size=3"],
+     ["actor.ppo_mini_batch_size'=3", "train_batch_size=8", "multiple"]),
+    (["actor.ppo_mini_batch_size=2", "rollout.n=3", "actor.ppo_micro_batch_size_per_device=4"],
+     ["ppo_micro_batch_size_per_device'=4", "6 sequences per dp rank"]),
+    (["placement.devices_per_process=2", "placement.train.dp=2", "actor.ppo_mini_batch_size=1", "rollout.n=3"],
+     ["3 sequences must split evenly over placement.train.dp=2"]),
+    (["placement.devices_per_process=4", "placement.train.dp=2"], ["pp*tp*dp=2", "devices_per_process=4"]),
+    (["rollout.n=1"], ["rollout.n'=1", "grpo", "n >= 2"]),
+    (["reward_model.overlong_buffer.len=500"], ["overlong_buffer.len'=500", "max_response_length=48"]),
+    (["trainer.resume_mode=resume_path"], ["trainer.resume_from_path", "resume_path"]),
+    (["data.train_files=[/nope/x.parquet]"], ["data.train_files", "/nope/x.parquet", "no such file"]),
+    (["model.path=/nope/model"], ["model.path", "/nope/model"]),
+    (["trainer.logger=[console, mlflow]"], ["trainer.logger", "mlflow", "tensorboard"]),
+])
+def test_semantic_checks_name_the_keys(overrides, fragments):
+    with pytest.raises(ConfigError) as err:
+        load_config("dapo", overrides=overrides)
+    for fragment in fragments:
+        assert fragment in str(err.value), str(err.value)
+
+
+def test_algorithm_requirements():
+    with pytest.raises(ConfigError, match="needs a critic"):
+        load_config("ppo", overrides=["critic.enable=false"])
+    with pytest.raises(ConfigError, match="cost_model.path"):
+        load_config("safe_rlhf")  # a cost model directory must be given
+    with pytest.raises(ConfigError, match="--algo ppo uses GAE"):
+        load_config("ppo", overrides=["algorithm.adv_estimator=grpo", "rollout.n=2"])
+
+
+def test_presets_and_yaml_files_are_checked(tmp_path, monkeypatch):
+    with pytest.raises(ConfigError, match=r"unknown preset 'smok'; available presets: \[.*'smoke'"):
+        load_config("dapo", preset="smok")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("actor:\n  clip_ratio_hihg: 0.3\n")
+    with pytest.raises(ConfigError) as err:
+        load_config("dapo", preset=str(bad))
+    assert str(bad) in str(err.value) and "actor.clip_ratio_hihg" in str(err.value)
+    # presets stack left to right; overrides win over presets
+    cfg = load_config("dapo", preset="smoke,dp2", overrides=["rollout.n=4"])
+    assert cfg.placement.train.dp == 2 and cfg.rollout.n == 4 and cfg.model.path == "tiny-random"
+
+
+def test_round_trip_through_a_dict():
+    cfg = load_config("ppo", preset="smoke")
+    again = config_from_dict(cfg.to_dict())
+    assert again == cfg
+    assert valid_keys(ActorConfig)[:2] == ["ppo_mini_batch_size", "ppo_micro_batch_size_per_device"]
+    assert set(valid_keys(RunConfig)) >= {"data", "actor", "rollout", "critic", "algorithm", "trainer", "placement"}
+
+
+def test_cli_reports_bad_key_and_exits_2():
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "launch", "train.py"), "--algo", "grpo",
+                           "--preset", "smoke", "actor.clip_ratio_hgih=0.3"],
+                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 2, proc.stderr
+    assert "actor.clip_ratio_hgih" in proc.stderr and "clip_ratio_high" in proc.stderr

@@ -1,0 +1,153 @@
+"""Native generation engine on tiny random models: log-probs, stop handling, seeds, buckets, filters."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from _models_helpers import jit_forward, random_params, tiny_config
+from jaxrl_hf.models import token_log_probs_and_entropy
+from jaxrl_hf.rollout import JaxGenerationEngine, SamplingParams, top_k_filter, top_p_filter
+
+CONFIG = tiny_config(vocab_size=61, eos_token_ids=())
+PAD = 0
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return JaxGenerationEngine(CONFIG, random_params(CONFIG, seed=11), pad_token_id=PAD, eos_token_ids=(),
+                               length_buckets=(8, 16), batch_buckets=(4, 8))
+
+
+def _prompts(seed=0, lengths=(5, 3, 7)):
+    rng = np.random.default_rng(seed)
+    return [list(rng.integers(3, CONFIG.vocab_size, n)) for n in lengths]
+
+
+def _rescore(engine, out, temperature):
+    """Separate teacher-forced forward over prompt + response: log softmax(logits / T) of each response token."""
+    ids = np.concatenate([out.prompt_ids, out.response_ids], 1)
+    mask = np.concatenate([out.prompt_mask, out.response_mask], 1)
+    targets = np.concatenate([ids[:, 1:], np.zeros((ids.shape[0], 1), ids.dtype)], 1)
+    fn = jax.jit(token_log_probs_and_entropy, static_argnums=1)
+    logp, _ = fn(engine.params, CONFIG, jnp.asarray(ids), jnp.asarray(targets), jnp.asarray(mask),
+                 temperature=temperature)
+    p = out.prompt_ids.shape[1]
+    return np.asarray(logp)[:, p - 1:-1]
+
+
+def test_sampler_log_probs_equal_separate_forward(engine):
+    sp = SamplingParams(temperature=0.8, top_p=0.9, top_k=20, n=2, max_new_tokens=12, seed=3)
+    out = engine.generate(_prompts(), sp)
+    assert out.response_ids.shape == (6, 12) and out.log_probs.dtype == np.float32
+    ref = _rescore(engine, out, 0.8)
+    m = out.response_mask > 0
+    assert m.all()  # no stop tokens configured: every row runs to max_new_tokens
+    assert np.abs(out.log_probs[m] - ref[m]).max() <= 1e-4
+    # n samples per prompt, interleaved: rows 2i and 2i+1 answer prompt i
+    assert np.array_equal(out.prompt_ids[0], out.prompt_ids[1])
+    assert not np.array_equal(out.prompt_ids[1], out.prompt_ids[2])
+
+
+def test_processed_logprobs_mode_renormalises(engine):
+    base = dict(temperature=1.0, top_k=5, max_new_tokens=6, seed=1)
+    tempered = engine.generate(_prompts(), SamplingParams(**base))
+    processed = engine.generate(_prompts(), SamplingParams(**base, logprobs_mode="processed"))
+    assert np.array_equal(tempered.response_ids, processed.response_ids)
+    assert (processed.log_probs >= tempered.log_probs - 1e-6).all()  # top-k renormalisation raises them
+    assert (processed.log_probs > tempered.log_probs + 1e-3).any()
+
+
+def test_greedy_matches_step_by_step_argmax(engine):
+    prompts = _prompts(seed=4)
+    out = engine.generate(prompts, SamplingParams(greedy=True, max_new_tokens=6))
+    for row, prompt in enumerate(prompts):
+        seq = list(prompt)
+        for t in range(6):  # full forward without a KV cache, left-padded to one width (one compilation)
+            ids = np.zeros((1, 16), np.int32)
+            mask = np.zeros((1, 16), np.int32)
+            ids[0, 16 - len(seq):], mask[0, 16 - len(seq):] = seq, 1
+            logits = np.asarray(jit_forward(engine.params, CONFIG, jnp.asarray(ids), jnp.asarray(mask)))
+            nxt = int(np.argmax(logits[0, -1]))
+            assert out.response_ids[row, t] == nxt, (row, t)
+            seq.append(nxt)
+
+
+def test_stop_token_mask_ends_exactly_after_it(engine):
+    prompts = _prompts(seed=5)
+    free = engine.generate(prompts, SamplingParams(temperature=1.0, max_new_tokens=16, seed=9))
+    stop = int(free.response_ids[0, 4])  # a token row 0 emits at step 4
+    out = engine.generate(prompts, SamplingParams(temperature=1.0, max_new_tokens=16, seed=9, stop_token_ids=(stop,)))
+    for row in range(len(prompts)):
+        hits = np.flatnonzero(free.response_ids[row] == stop)
+        if hits.size == 0:
+            assert out.response_mask[row].all() and out.finish_reason[row] == "length"
+            assert np.array_equal(out.response_ids[row], free.response_ids[row])
+            continue
+        first = hits[0]
+        expected_mask = (np.arange(16) <= first).astype(np.int32)
+        assert np.array_equal(out.response_mask[row], expected_mask)
+        assert np.array_equal(out.response_ids[row, :first + 1], free.response_ids[row, :first + 1])
+        assert (out.response_ids[row, first + 1:] == PAD).all() and (out.log_probs[row, first + 1:] == 0).all()
+        assert out.finish_reason[row] == "stop"
+    assert out.response_mask[0].sum() <= 5
+
+
+def test_same_seed_same_samples(engine):
+    sp = SamplingParams(temperature=1.0, max_new_tokens=8, seed=21)
+    a = engine.generate(_prompts(), sp)
+    b = engine.generate(_prompts(), sp)
+    c = engine.generate(_prompts(), SamplingParams(temperature=1.0, max_new_tokens=8, seed=22))
+    assert np.array_equal(a.response_ids, b.response_ids) and np.array_equal(a.log_probs, b.log_probs)
+    assert not np.array_equal(a.response_ids, c.response_ids)
+
+
+def test_batch_bucket_avoids_recompilation():
+    eng = JaxGenerationEngine(CONFIG, random_params(CONFIG, seed=11), pad_token_id=PAD,
+                              length_buckets=(8, 16), batch_buckets=(4, 8))
+    sp = SamplingParams(temperature=1.0, max_new_tokens=4, seed=0)
+    eng.generate(_prompts(lengths=(5, 3, 7)), sp)
+    assert eng.num_compilations == 1
+    eng.generate(_prompts(lengths=(2, 6)), SamplingParams(temperature=0.5, top_p=0.9, max_new_tokens=4, seed=1))
+    assert eng.num_compilations == 2  # top-p on is a different program (static flag) ...
+    eng.generate(_prompts(lengths=(4, 4, 4, 8)), SamplingParams(temperature=0.7, top_p=0.8, max_new_tokens=4, seed=2))
+    assert eng.num_compilations == 2  # ... but batch 2 vs 4 and new temperature / top_p / seed reuse it
+    eng.generate(_prompts(lengths=(3,) * 5), sp)
+    assert eng.num_compilations == 3  # batch 5 falls in the next bucket
+    with pytest.raises(ValueError, match="prompt length 17 exceeds the largest bucket 16"):
+        eng.generate(_prompts(lengths=(17,)), sp)
+
+
+def test_left_padding_does_not_change_greedy_output(engine):
+    short = _prompts(seed=6, lengths=(3,))
+    alone = engine.generate(short, SamplingParams(greedy=True, max_new_tokens=5))
+    batched = engine.generate(short + _prompts(seed=7, lengths=(12, 9)), SamplingParams(greedy=True, max_new_tokens=5))
+    assert np.array_equal(alone.response_ids[0], batched.response_ids[0])
+    np.testing.assert_allclose(alone.log_probs[0], batched.log_probs[0], atol=1e-5)
+
+
+def test_top_k_top_p_filters_against_numpy():
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(3, 20)).astype(np.float32)
+    kept_k = np.isfinite(np.asarray(top_k_filter(jnp.asarray(logits), 4)))
+    assert (kept_k.sum(1) == 4).all()
+    assert all(set(np.flatnonzero(kept_k[i])) == set(np.argsort(-logits[i])[:4]) for i in range(3))
+    kept_p = np.isfinite(np.asarray(top_p_filter(jnp.asarray(logits), 0.6)))
+    for i in range(3):
+        order = np.argsort(-logits[i].astype(np.float64))
+        p = np.exp(logits[i][order] - logits[i].max())
+        p /= p.sum()
+        n_keep = int(np.searchsorted(np.cumsum(p), 0.6) + 1)  # smallest prefix with mass >= 0.6
+        assert set(np.flatnonzero(kept_p[i])) == set(order[:n_keep])
+    assert np.isfinite(np.asarray(top_p_filter(jnp.asarray(logits), 1.0))).all()
+
+
+def test_sampling_invalid_params_raise():
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingParams(top_p=0.0)
+    with pytest.raises(ValueError, match="logprobs_mode.*valid"):
+        SamplingParams(logprobs_mode="bogus")
+    with pytest.raises(ValueError, match="n must be"):
+        SamplingParams(n=0)

@@ -1,0 +1,84 @@
+"""Driver data/reward plumbing with the real SmolLM2 tokenizer, and the plot script on a metrics file."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+from jaxrl_hf.config import load_config
+from jaxrl_hf.controller import Batch
+from jaxrl_hf.rewards import compute_score
+from jaxrl_hf.trainer.data import collate_prompts, load_split, load_tokenizer, ptx_examples
+from jaxrl_hf.trainer.scoring import RewardFunction
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_prompts_are_left_padded_chat_templates_and_rewards_land_on_the_last_token():
+    cfg = load_config("dapo", preset="smoke", overrides=["reward_model.overlong_buffer.len=4"])
+    tok = load_tokenizer(cfg.model.path)
+    rows = load_split(cfg, "train", tok)["arithmetic"][:3]
+    batch = collate_prompts(rows, tok, cfg.data.max_prompt_length, uid_base=500)
+    assert batch["prompts"].shape == (3, cfg.data.max_prompt_length) and batch["uid"].tolist() == [500, 501, 502]
+    for i, row in enumerate(rows):
+        m = batch["prompt_mask"][i].astype(bool)
+        assert not m[0] and m[-1]  # left padding
+        text = tok.decode(batch["prompts"][i][m].tolist(), skip_special_tokens=False)
+        assert row["prompt"][-1]["content"] in text and text.rstrip().endswith("assistant")
+    truths = [r["reward_model"]["ground_truth"] for r in rows]
+    answers = [f"Let me think. Answer: {truths[0]}", "Answer: 123456789", "x" * 3]
+    width = cfg.rollout.response_length
+    responses = np.zeros((3, width), np.int32)
+    mask = np.zeros((3, width), np.int32)
+    for i, text in enumerate(answers):
+        ids = tok.encode(text)[:width]
+        responses[i, : len(ids)], mask[i, : len(ids)] = ids, 1
+    gen = batch.union(Batch.from_dict({"responses": responses, "response_mask": mask}))
+    fn = RewardFunction(cfg, tok)
+    out = fn(gen)
+    fn.close()
+    lengths = mask.sum(-1)
+    assert out["acc"].tolist() == [1.0, 0.0, 0.0]
+    # DAPO manager: the rule score plus the eq.13 overlong penalty (L_max=16, L_cache=4), on the last token
+    for i in range(3):
+        penalty = min(max(((width - 4) - lengths[i]) / 4, -1.0), 0.0)
+        rule = compute_score("arithmetic", tok.decode(responses[i][: lengths[i]].tolist()), truths[i])
+        expected = rule + penalty
+        assert out["token_level_scores"][i, lengths[i] - 1] == np.float32(expected)
+        assert np.count_nonzero(out["token_level_scores"][i]) <= 1
+    assert out["pred"][0] == truths[0]
+
+
+def test_ptx_examples_are_prompt_response_pairs():
+    cfg = load_config("safe_rlhf", preset="smoke", overrides=["data.ptx_files=[gsm8k]", "data.max_prompt_length=200"])
+    tok = load_tokenizer(cfg.model.path)
+    ptx = ptx_examples(cfg, tok)
+    assert len(ptx) > 1000 and ptx["responses"].shape[1] == cfg.rollout.response_length
+    assert ptx["prompt_mask"].sum(-1).max() <= 200
+    i = 0
+    assert ptx["response_mask"][i].sum() > 0
+    np.testing.assert_array_equal(ptx["input_ids"][i], np.concatenate([ptx["prompts"][i], ptx["responses"][i]]))
+    att = ptx["attention_mask"][i]
+    assert ptx["position_ids"][i][att.astype(bool)].tolist() == list(range(int(att.sum())))
+
+
+def test_plot_writes_an_image(tmp_path):
+    with open(tmp_path / "metrics.jsonl", "w") as fh:
+        for step in range(1, 5):
+            fh.write(json.dumps({"step": step, "critic/score/mean": step / 4, "response_length/mean": 10 + step,
+                                 "actor/entropy": 1 / step, "actor/pg_clipfrac": 0.01 * step}) + "\n")
+    with open(tmp_path / "validation.jsonl", "w") as fh:
+        fh.write(json.dumps({"step": 0, "val-core/arithmetic/acc/mean@1": 0.1}) + "\n")
+        fh.write(json.dumps({"step": 4, "val-core/arithmetic/acc/mean@1": 0.3}) + "\n")
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "launch", "plot.py"), str(tmp_path)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout.strip()
+    assert os.path.getsize(out) > 1000
+    if out.endswith(".svg"):
+        text = open(out).read()
+        assert text.count("<polyline") == 5 and "val:acc" in text and "pg_clipfrac" in text
