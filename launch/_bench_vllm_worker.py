@@ -6,7 +6,8 @@ creates one offline ``vllm.LLM`` on the HF-format model directory, and for each 
 ``min_tokens = max_tokens = max_new`` so every sequence generates exactly ``max_new`` tokens, no
 detokenisation, prefix caching off (the timed call re-does its prefill like the other engines).
 Each timed call follows a warm-up call on the same prompts (fewer tokens). Writes
-``{"vllm_version", "init_s", "rows": {"<B>": {"tokens", "seconds", "tok_per_s", "warmup_s"}}}`` to ``--out``.
+``{"vllm_version", "init_s", "thread_env", "rows": {"<B>": {"tokens", "seconds", "tok_per_s", "warmup_s",
+"first_tokens"}}}`` to ``--out``.
 
   .venv-vllm/bin/python launch/_bench_vllm_worker.py --spec spec.json --out result.json
 """
@@ -18,8 +19,16 @@ import json
 import os
 import time
 
-# The engine must run in this process (no engine-core subprocess) so the timing is of one process.
+# The engine runs in this process (no engine-core subprocess), so one process is timed.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+# Threads: vLLM's default CPU set-up ("auto") reserves one of the 2 cores for its scheduler and pins
+# one OpenMP thread to the other; on this shared 2-core machine that pinned thread made every decode
+# step ~2 s (7 tok/s at batch 16, measured), vs ~100 tok/s unpinned. So, unless the caller's
+# environment says otherwise: no pinning, all cores (as the JAX and torch engines get), passive wait.
+os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+os.environ.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 1))
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+THREAD_ENV = ("VLLM_CPU_OMP_THREADS_BIND", "OMP_NUM_THREADS", "OMP_WAIT_POLICY")
 
 
 def _check_spec(spec: dict, path: str) -> None:
@@ -65,7 +74,8 @@ def run(spec: dict) -> dict:
         tokens = sum(counts)
         rows[b] = {"tokens": tokens, "seconds": seconds, "tok_per_s": tokens / seconds, "warmup_s": warmup_s,
                    "first_tokens": [list(o.outputs[0].token_ids[:16]) for o in outs[:2]]}
-    return {"vllm_version": vllm.__version__, "init_s": init_s, "dtype": spec.get("dtype", "float32"), "rows": rows}
+    return {"vllm_version": vllm.__version__, "init_s": init_s, "dtype": spec.get("dtype", "float32"),
+            "thread_env": {k: os.environ.get(k) for k in THREAD_ENV}, "rows": rows}
 
 
 def main() -> None:

@@ -206,8 +206,10 @@ def main() -> None:
                "native_vs_transformers": None if hf is None else native["tok_per_s"] / hf["tok_per_s"],
                "native_vs_vllm": None if vl is None else native["tok_per_s"] / vl["tok_per_s"],
                "native_vs_floor": native["tok_per_s"] / (b / step_floor)}
-        if vl is not None:  # sanity: the same prompts give the same greedy start (f32 both)
-            row["first16_equal_native_vllm"] = [a == v for a, v in zip(native["first_tokens"], vl["first_tokens"])]
+        if vl is not None:  # sanity: same prompts, same greedy tokens (f32 both) until the first divergence;
+            # vLLM's min_tokens (like transformers' min_new_tokens) masks EOS, so it diverges where native emits EOS
+            row["native_vllm_agree_first_n"] = [next((i for i, (a, v) in enumerate(zip(na, va)) if a != v), len(na))
+                                                for na, va in zip(native["first_tokens"], vl["first_tokens"])]
         rows.append(row)
         print(json.dumps(row), flush=True)
 

@@ -5,7 +5,8 @@
 
 Measures matmul FLOP/s (f32; bf16 inputs with f32 accumulation) per device and for all devices at
 once, memory bandwidth, all-reduce / all-gather α and β over all devices, and the fixed per-layer and
-per-decode-step costs.  On fake CPU devices (which share the host's cores) the all-devices rates are
+per-decode-step costs, and the backward pass's rate relative to the forward's.  On fake CPU
+devices (which share the host's cores) the all-devices rates are
 recorded as host caps, so the simulators do not assume that more fake devices mean more compute.
 """
 from __future__ import annotations
@@ -41,7 +42,8 @@ def main(argv: list[str] | None = None) -> dict:
           f"| all-reduce α / β | {raw['all_reduce_alpha_s'] * 1e6:.1f} us / {raw['all_reduce_bw'] / g:.2f} GB/s |\n"
           f"| all-gather α / β | {raw['all_gather_alpha_s'] * 1e6:.1f} us / {raw['all_gather_bw'] / g:.2f} GB/s |\n"
           f"| per-layer / per-decode-step overhead | {raw['layer_overhead_s'] * 1e6:.1f} / "
-          f"{raw['decode_step_overhead_s'] * 1e6:.1f} us |")
+          f"{raw['decode_step_overhead_s'] * 1e6:.1f} us |\n"
+          f"| backward / forward rate | {raw['backward_efficiency']:.2f} |")
     print(f"profile written to {args.out}")
     return profile
 

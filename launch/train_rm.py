@@ -2,8 +2,8 @@
 
     python launch/train_rm.py --out runs/rm                       # GSM8K pairs built from ../shared/data/gsm8k
     python launch/train_rm.py --pairs prefs.jsonl --model smollm2-135m-instruct --out runs/rm \\
-        [--eval-pairs held_out.jsonl | --eval-fraction 0.1] [--steps 40 --batch-size 8 --lr 1e-5 \\
-        --max-length 384 --seed 0 --num-layers K --dtype float32|bfloat16]
+        [--eval-pairs held_out.jsonl | --eval-fraction 0.1] [--steps 40 --batch-size 8 --lr 2e-5 \\
+        --max-length 384 --seed 0 --num-layers K --dtype float32|bfloat16 --json OUT.json]
 
 Pairs are jsonl rows with ``prompt`` (chat messages or a string), ``chosen`` and ``rejected``; a
 malformed row stops the run with the file and row named. Without ``--pairs``, pairs are built from
@@ -227,7 +227,24 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     }
     save_reward_model(args.out, params, config.replace(dtype="float32"), backbone.tokenizer_dir, eos, pad, metadata)
     print(f"[train_rm] wrote {args.out}", flush=True)
+    print(summary_table(metadata), flush=True)
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as fh:
+            json.dump(metadata, fh, indent=2)
+        print(f"[train_rm] wrote {args.json}", flush=True)
     return metadata
+
+
+def summary_table(metadata: dict[str, Any]) -> str:
+    """Markdown table: pairwise accuracy, BT loss and margin before vs after training."""
+    lines = ["| set | pairs | accuracy before | accuracy after | BT loss before | BT loss after | margin after |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for name in ("held_out", "train_subset"):
+        b, a = metadata["before"][name], metadata["after"][name]
+        lines.append(f"| {name} | {a['pairs']} | {b['accuracy']:.3f} | {a['accuracy']:.3f} | {b['bt_loss']:.4f} | "
+                     f"{a['bt_loss']:.4f} | {a['margin']:+.3f} |")
+    return "\n".join(lines)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -245,7 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--batch-size", type=int, default=8, help="pairs per step")
     p.add_argument("--eval-batch-size", type=int, default=16, help="pairs per scoring call")
-    p.add_argument("--lr", type=float, default=1e-5)
+    p.add_argument("--lr", type=float, default=2e-5)
     p.add_argument("--head-lr-multiplier", type=float, default=10.0)
     p.add_argument("--weight-decay", type=float, default=0.0)
     p.add_argument("--warmup-steps", type=int, default=5)
@@ -255,6 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="compute dtype")
     p.add_argument("--remat", choices=("none", "full", "dots", "dots_no_batch"), default="full")
     p.add_argument("--log-every", type=int, default=1)
+    p.add_argument("--json", default=None, help="also write the run's metadata (incl. per-step history) here")
     return p
 
 

@@ -79,7 +79,7 @@ def test_bad_overrides_name_the_key(override, fragments):
      ["3 sequences must split evenly over placement.train.dp=2"]),
     (["placement.devices_per_process=4", "placement.train.dp=2"], ["pp*tp*dp=2", "devices_per_process=4"]),
     (["rollout.n=1"], ["rollout.n'=1", "grpo", "n >= 2"]),
-    (["reward_model.overlong_buffer.len=500"], ["overlong_buffer.len'=500", "max_response_length=48"]),
+    (["reward_model.overlong_buffer.len=500"], ["overlong_buffer.len'=500", "max_response_length=32"]),
     (["trainer.resume_mode=resume_path"], ["trainer.resume_from_path", "resume_path"]),
     (["data.train_files=[/nope/x.parquet]"], ["data.train_files", "/nope/x.parquet", "no such file"]),
     (["model.path=/nope/model"], ["model.path", "/nope/model"]),

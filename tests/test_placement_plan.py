@@ -44,10 +44,10 @@ def test_plan_cli_outside_check(tmp_path):
                                                      for i, b in enumerate(best["placement"])}
 
 
-def _plan_dict() -> dict:
+def _plan_dict(placement_sets: int = 2) -> dict:
     res = search(build_dataflow("ppo", arch_by_name("7b")), Cluster(published_device("a100"), 16))
-    split = next(c for c in res.candidates if len(c.placement) == 2)
-    return candidate_to_dict(res, split)
+    cand = next(c for c in res.candidates if len(c.placement) == placement_sets)
+    return candidate_to_dict(res, cand)
 
 
 def test_plan_roundtrip_and_pool_layout(tmp_path):
@@ -95,3 +95,27 @@ def test_plan_cli_bad_input_is_a_clear_error(args, message):
                           timeout=120)
     assert proc.returncode == 2
     assert re.search(message, proc.stderr), proc.stderr
+
+
+def test_plan_to_launcher_overrides():
+    from jaxrl_hf.placement import plan_to_overrides
+    data = _plan_dict()  # a two-set placement of PPO on 16 A100
+    plan = parse_plan(data, "p.yaml")
+    over = plan_to_overrides(plan)
+    actor = plan.strategies["actor"]
+    assert over["placement.num_processes"] == plan.pool_of("actor").size
+    assert (over["placement.train.pp"], over["placement.train.tp"], over["placement.train.dp"]) == (actor.p, actor.t,
+                                                                                                       actor.d)
+    assert (over["placement.generate.pp"], over["placement.generate.tp"]) == (actor.p_g, actor.t_g)
+    for role in ("critic", "reward"):
+        together = plan.pool_of(role).name == plan.pool_of("actor").name
+        assert over[f"placement.{role}.colocate"] == together
+        if not together:
+            assert over[f"placement.{role}.num_processes"] == plan.pool_of(role).size
+    standalone = parse_plan(_plan_dict(placement_sets=4), "s.yaml")
+    with pytest.raises(ValueError, match="plan puts ref on pool"):
+        plan_to_overrides(standalone)
+    colocated = parse_plan(_plan_dict(placement_sets=1), "c.yaml")
+    assert all(plan_to_overrides(colocated)[f"placement.{r}.colocate"] for r in ("critic", "reward"))
+    with pytest.raises(ValueError, match="not a multiple of devices_per_process=3"):
+        plan_to_overrides(colocated, devices_per_process=3)

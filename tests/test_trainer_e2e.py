@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 
@@ -24,48 +25,30 @@ REQUIRED = ("step", "critic/score/mean", "response_length/mean", "actor/entropy"
             "actor/grad_norm", "timing_s/step", "perf/throughput")
 
 
-def train(algo: str, run_dir, *overrides: str, timeout: int = 240) -> list[dict]:
-    """``python launch/train.py --algo A --preset smoke trainer.run_dir=DIR ...``; returns metrics.jsonl."""
-    cmd = [sys.executable, os.path.join(REPO, "launch", "train.py"), "--algo", algo, "--preset", "smoke",
-           f"trainer.run_dir={run_dir}", *overrides]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO)
-    assert proc.returncode == 0, f"{' '.join(cmd)}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-6000:]}"
+@pytest.fixture(scope="module", autouse=True)
+def _ray_session():
+    """One Ray session for the module (each run still starts its own worker processes)."""
+    yield
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+
+
+def train(algo: str, run_dir, *overrides: str, cli: bool = False) -> list[dict]:
+    """``python launch/train.py --algo A --preset smoke trainer.run_dir=DIR ...`` (in-process, or as a
+    subprocess with ``cli=True``); returns the records of DIR/metrics.jsonl."""
+    args = ["--algo", algo, "--preset", "smoke", f"trainer.run_dir={run_dir}", *overrides]
+    if cli:
+        cmd = [sys.executable, os.path.join(REPO, "launch", "train.py"), *args]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO)
+        assert proc.returncode == 0, f"{' '.join(cmd)}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-6000:]}"
+    else:
+        from jaxrl_hf.trainer import run
+
+        assert run(algo, preset="smoke", overrides=[f"trainer.run_dir={run_dir}", *overrides]) == 0
     with open(os.path.join(run_dir, "metrics.jsonl")) as fh:
         return [json.loads(line) for line in fh if line.strip()]
-
-
-def comparable(record: dict) -> dict:
-    return {k: v for k, v in record.items() if not is_wall_clock_metric(k)}
-
-
-def test_resume_after_checkpoint_logs_the_same_metrics(tmp_path):
-    full = train("grpo", tmp_path / "full", "trainer.total_steps=3", "trainer.save_freq=1")
-    part = train("grpo", tmp_path / "part", "trainer.total_steps=2", "trainer.save_freq=1")
-    assert os.path.isdir(tmp_path / "part" / "checkpoints" / "global_step_2" / "actor")
-    resumed = train("grpo", tmp_path / "part", "trainer.total_steps=3", "trainer.save_freq=1")
-    assert [r["step"] for r in full] == [1, 2, 3] and [r["step"] for r in part] == [1, 2]
-    assert [r["step"] for r in resumed] == [1, 2, 3]
-    for key in REQUIRED:
-        assert key in full[-1], f"metrics.jsonl lacks {key}"
-    assert comparable(resumed[2]) == comparable(full[2])
-    assert comparable(resumed[0]) == comparable(full[0])  # earlier records kept as they were
-    assert full[1]["critic/score/mean"] == full[1]["critic/score/mean"]  # finite numbers
-    assert all(math.isfinite(v) for v in comparable(full[2]).values() if isinstance(v, float))
-
-
-@pytest.mark.parametrize("algo", ["dapo", "ppo", "remax", "rloo", "reinforce_pp", "gspo", "safe_rlhf"])
-def test_every_algorithm_runs_two_smoke_steps(tmp_path, algo):
-    records = train(algo, tmp_path / algo)
-    assert [r["step"] for r in records] == [1, 2]
-    for key in REQUIRED:
-        assert key in records[-1], f"{algo}: metrics.jsonl lacks {key}"
-    if algo in ("ppo", "safe_rlhf"):
-        assert "critic/vf_loss" in records[-1] and "critic/values/mean" in records[-1]
-    if algo in ("ppo", "remax", "rloo", "reinforce_pp", "safe_rlhf"):
-        assert records[-1]["actor/reward_kl_penalty_coeff"] > 0
-    if algo == "safe_rlhf":
-        assert "safe_rlhf/lambda" in records[-1] and "cost_critic/vf_loss" in records[-1]
-    assert os.path.isfile(tmp_path / algo / "checkpoints" / "global_step_2" / "trainer_state.json")
 
 
 PARITY_SCORER = '''
@@ -73,6 +56,56 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
     """1 when the decoded response has an even number of characters: random text passes about half the time."""
     return float(len(solution_str) % 2 == 0)
 '''
+
+
+def comparable(record: dict) -> dict:
+    return {k: v for k, v in record.items() if not is_wall_clock_metric(k)}
+
+
+def test_resume_after_checkpoint_logs_the_same_metrics(tmp_path):
+    """An uninterrupted 3-step run vs the same run killed while saving step 3 (its run directory as the kill
+    left it: checkpoint 3 half-written, step 3 already in metrics.jsonl) and resumed with the same command."""
+    scorer = tmp_path / "parity.py"
+    scorer.write_text(PARITY_SCORER)  # non-zero advantages, so the policy-gradient term moves the weights
+    args = ("trainer.total_steps=3", "trainer.save_freq=1", f"custom_reward_function.path={scorer}")
+    full = train("grpo", tmp_path / "full", *args)
+    assert [r["step"] for r in full] == [1, 2, 3]
+    for key in REQUIRED:
+        assert key in full[-1], f"metrics.jsonl lacks {key}"
+    killed = tmp_path / "killed"
+    shutil.copytree(tmp_path / "full", killed)
+    ckpts = killed / "checkpoints"
+    os.rename(ckpts / "global_step_3", ckpts / ".tmp_global_step_3")  # the commit rename never happened
+    os.remove(ckpts / ".tmp_global_step_3" / "trainer_state.json")
+    assert (ckpts / "latest_checkpointed_iteration.txt").read_text() == "3"  # stale tracker: must be ignored
+    resumed = train("grpo", killed, *args, cli=True)
+    assert [r["step"] for r in resumed] == [1, 2, 3]
+    assert comparable(resumed[2]) == comparable(full[2])
+    assert comparable(resumed[0]) == comparable(full[0])
+    assert full[2]["actor/ppo_kl"] != 0 and any(r["critic/advantages/max"] > 0 for r in full)
+    assert resumed[2]["timing_s/step"] > 0
+    assert sorted(os.listdir(ckpts)) == ["global_step_2", "global_step_3", "latest_checkpointed_iteration.txt"]
+
+
+@pytest.mark.parametrize("algo, extra", [
+    ("dapo", ()), ("remax", ()), ("rloo", ()), ("reinforce_pp", ()), ("gspo", ()), ("safe_rlhf", ()),
+    # PPO on 2 host devices (dp=2): balanced dp chunks, sharded critic and actor updates
+    ("ppo", ("placement.devices_per_process=2", "placement.train.dp=2", "actor.ppo_micro_batch_size_per_device=1")),
+])
+def test_every_algorithm_runs_two_smoke_steps(tmp_path, algo, extra):
+    records = train(algo, tmp_path / algo, *extra)
+    assert [r["step"] for r in records] == [1, 2]
+    for key in REQUIRED:
+        assert key in records[-1], f"{algo}: metrics.jsonl lacks {key}"
+    if algo == "ppo":
+        assert records[-1]["balance/tokens_spread_after"] <= records[-1]["balance/tokens_spread_before"]
+    if algo in ("ppo", "safe_rlhf"):
+        assert "critic/vf_loss" in records[-1] and "critic/values/mean" in records[-1]
+    if algo in ("ppo", "remax", "rloo", "reinforce_pp", "safe_rlhf"):
+        assert records[-1]["actor/reward_kl_penalty_coeff"] > 0
+    if algo == "safe_rlhf":
+        assert "safe_rlhf/lambda" in records[-1] and "cost_critic/vf_loss" in records[-1]
+    assert os.path.isfile(tmp_path / algo / "checkpoints" / "global_step_2" / "trainer_state.json")
 
 
 def test_dapo_dynamic_sampling_refills(tmp_path):

@@ -23,15 +23,22 @@ def resolve_defaults(config: RunConfig) -> RunConfig:
         max_prompt_length=config.rollout.max_prompt_length or data.max_prompt_length,
         response_length=config.rollout.response_length or data.max_response_length,
     )
-    config.data = dataclasses.replace(data, gen_batch_size=data.gen_batch_size or data.train_batch_size)
+    config.rollout.val = dataclasses.replace(
+        config.rollout.val, response_length=config.rollout.val.response_length or config.rollout.response_length)
+    config.data = dataclasses.replace(data, gen_batch_size=data.gen_batch_size or data.train_batch_size,
+                                      val_max_prompt_length=data.val_max_prompt_length or data.max_prompt_length)
     config.actor = dataclasses.replace(
         config.actor, optim=dataclasses.replace(config.actor.optim, total_steps=config.actor.optim.total_steps or trainer.total_steps)
+    )
+    config.actor = dataclasses.replace(
+        config.actor,
+        log_prob_micro_batch_size_per_device=config.actor.log_prob_micro_batch_size_per_device
+        or config.actor.ppo_micro_batch_size_per_device,
     )
     actor = config.actor
     config.critic = dataclasses.replace(
         config.critic,
         enable=critic_enabled(config),
-        model_path=config.critic.model_path or config.model.path,
         ppo_mini_batch_size=config.critic.ppo_mini_batch_size or actor.ppo_mini_batch_size,
         ppo_micro_batch_size_per_device=config.critic.ppo_micro_batch_size_per_device or actor.ppo_micro_batch_size_per_device,
         ppo_epochs=config.critic.ppo_epochs or actor.ppo_epochs,

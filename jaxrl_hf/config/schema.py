@@ -25,8 +25,8 @@ class ArithmeticDataConfig:
     """Synthetic arithmetic prompts (``jaxrl_hf.data.generate_arithmetic``)."""
 
     min_digits: int = 1
-    max_digits: int = 2
-    operators: list[str] = field(default_factory=lambda: ["+", "-", "*"])
+    max_digits: int = 1
+    operators: list[str] = field(default_factory=lambda: ["+", "-"])
     num_operands: int = 2
 
 
@@ -42,7 +42,7 @@ class DataConfig:
     val_size: int = 32
     """Rows per validation source (first N of each; 0 = all)."""
     gsm8k_dir: str = "/work/shared/data/gsm8k"
-    train_batch_size: int = 8
+    train_batch_size: int = 4
     """Prompts per RL step (each sampled ``rollout.n`` times)."""
     gen_batch_size: Optional[int] = None
     """Prompts per generation round in DAPO dynamic sampling (default: ``train_batch_size``)."""
@@ -50,8 +50,11 @@ class DataConfig:
     """Prompts per validation generation call (default: all at once)."""
     ptx_files: list[str] = field(default_factory=list)
     """Pre-training (ptx) texts for Safe-RLHF's ptx loss: ``"gsm8k"`` (question + worked answer) or paths."""
-    max_prompt_length: int = 96
-    max_response_length: int = 48
+    max_prompt_length: int = 64
+    max_response_length: int = 32
+    val_max_prompt_length: Optional[int] = 256
+    """Prompt length limit of validation prompts (default: ``max_prompt_length``); validation only generates,
+    so longer prompts (GSM8K) there do not widen the training batches."""
     filter_overlong_prompts: bool = True
     shuffle: bool = True
     sampler: Literal["random", "sequential", "curriculum"] = "random"
@@ -96,6 +99,7 @@ class OptimConfig:
     lr: float = 1e-6
     weight_decay: float = 0.01
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1e-8
     warmup_steps: int = 0
     lr_scheduler: Literal["constant", "cosine"] = "constant"
     min_lr_ratio: float = 0.0
@@ -120,7 +124,7 @@ class RolloutCorrectionConfig:
 class ActorConfig:
     """Policy update (verl ``actor_rollout_ref.actor``). Mini-batch in prompts, micro-batch in sequences."""
 
-    ppo_mini_batch_size: int = 8
+    ppo_mini_batch_size: int = 4
     ppo_micro_batch_size_per_device: int = 4
     ppo_epochs: int = 1
     shuffle: bool = False
@@ -137,6 +141,8 @@ class ActorConfig:
     kl_loss_coef: float = 0.001
     kl_loss_type: str = "low_var_kl"
     grad_clip: float = 1.0
+    log_prob_micro_batch_size_per_device: Optional[int] = None
+    """Rows per device when computing log-probs (default: ``ppo_micro_batch_size_per_device``)."""
     ptx_coef: float = 0.0
     """Safe-RLHF / InstructGPT pre-training (ptx) loss weight; > 0 needs ``data.ptx_files`` rows."""
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -151,6 +157,8 @@ class RolloutValConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     greedy: bool = True
+    response_length: Optional[int] = 96
+    """Longer than training's so GSM8K answers fit (null: ``rollout.response_length``)."""
 
 
 @dataclass
@@ -184,8 +192,10 @@ class CriticConfig:
     """Value model (PPO). ``enable=None``: on exactly when ``algorithm.adv_estimator == 'gae'``."""
 
     enable: Optional[bool] = None
-    model_path: Optional[str] = None
-    """Backbone of the critic (default: ``model.path``)."""
+    model: Optional[ModelConfig] = None
+    """Backbone of the critic (default: the actor's ``model``); a value head is added on top."""
+    value_head_init_std: float = 0.0
+    """Std of the value head's initial weights (0: V = 0 at the start)."""
     ppo_mini_batch_size: Optional[int] = None
     """Default: ``actor.ppo_mini_batch_size``."""
     ppo_micro_batch_size_per_device: Optional[int] = None
@@ -303,17 +313,17 @@ class AlgorithmConfig:
 class TrainerConfig:
     """The loop: steps, validation, checkpoints, logging."""
 
-    total_steps: int = 40
+    total_steps: int = 30
     seed: int = 0
     run_dir: Optional[str] = None
     """Default: ``runs/<experiment_name>``."""
     project_name: str = "jaxrl_hf"
     experiment_name: Optional[str] = None
     """Default: ``<algo>``."""
-    test_freq: int = 20
+    test_freq: int = 15
     """Validate every N steps (and at the end); <= 0: only before/after."""
     val_before_train: bool = True
-    save_freq: int = 20
+    save_freq: int = 15
     """Checkpoint every N steps (and at the end); <= 0: never."""
     max_ckpt_to_keep: Optional[int] = 2
     resume_mode: Literal["auto", "disable", "resume_path"] = "auto"

@@ -195,9 +195,12 @@ def check_trainer(config: RunConfig) -> None:
     for name in t.logger:
         if name not in KNOWN_LOGGERS:
             _fail("trainer.logger", name, f"valid loggers: {list(KNOWN_LOGGERS)}")
-    model = config.model.path
-    if model != "tiny-random" and model.lower() != "smollm2-135m-instruct" and not os.path.exists(model):
-        _fail("model.path", model, "not 'smollm2-135m-instruct', 'tiny-random', an HF directory or a .gguf file")
+    for key, model_cfg in (("model", config.model), ("critic.model", config.critic.model)):
+        if model_cfg is None:
+            continue
+        model = model_cfg.path
+        if model != "tiny-random" and model.lower() != "smollm2-135m-instruct" and not os.path.exists(model):
+            _fail(f"{key}.path", model, "not 'smollm2-135m-instruct', 'tiny-random', an HF directory or a .gguf file")
 
 
 def validate_config(config: RunConfig) -> None:

@@ -13,7 +13,7 @@ from jaxrl_hf.placement.cluster import (Cluster, DeviceSpec, load_device_profile
 from jaxrl_hf.placement.dataflow import (ALGOS, ARCHS, Dataflow, ModelArch, ModelSpec, Op, RolloutShape, Stage,
                                          Workload, arch_by_name, build_dataflow)
 from jaxrl_hf.placement.memory import SimOptions
-from jaxrl_hf.placement.plan_io import PlacementPlan, best_plan, load_plan, parse_plan, write_plan
+from jaxrl_hf.placement.plan_io import PlacementPlan, best_plan, load_plan, parse_plan, plan_to_overrides, write_plan
 from jaxrl_hf.placement.report import format_top_table
 from jaxrl_hf.placement.search import (Candidate, SearchResult, allocations, bell_number, d_cost, search,
                                        set_partitions)
@@ -22,5 +22,5 @@ from jaxrl_hf.placement.strategy import ParallelStrategy
 __all__ = ["ALGOS", "ARCHS", "Candidate", "Cluster", "Dataflow", "DeviceSpec", "ModelArch", "ModelSpec", "Op",
            "ParallelStrategy", "PlacementPlan", "RolloutShape", "SearchResult", "SimOptions", "Stage", "Workload",
            "allocations", "arch_by_name", "bell_number", "best_plan", "build_dataflow", "d_cost", "format_top_table",
-           "load_device_profile", "load_plan", "parse_plan", "published_device", "search", "set_partitions",
+           "load_device_profile", "load_plan", "parse_plan", "plan_to_overrides", "published_device", "search", "set_partitions",
            "write_plan"]

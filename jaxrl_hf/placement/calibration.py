@@ -3,7 +3,8 @@
 matmul rate (f32, and bf16 inputs with f32 accumulation) of one device and of all devices at once
 (the aggregate caps the rate of host-shared fake CPU devices), memory bandwidth likewise, ring
 collective α/β fitted over several sizes of all-reduce and all-gather, and the fixed per-layer and
-per-decode-step costs fitted from a tiny decode loop at two depths.
+per-decode-step costs fitted from a tiny decode loop at two depths, and the backward pass's rate
+relative to the forward's, profiled on one decoder layer of a fixed reference size.
 """
 from __future__ import annotations
 
@@ -94,6 +95,31 @@ def decode_overheads(repeats: int = 3, response_len: int = 32) -> tuple[float, f
     return layer, max(per_step[1] - layer, 0.0)
 
 
+def backward_efficiency(tokens: int = 512, repeats: int = 3) -> float:
+    """Backward-pass rate relative to the forward rate, profiled on one decoder layer of a fixed
+    reference size (hidden 192, 4 heads, FFN 512, vocabulary 1024, sequences of 64; layer-level
+    profiling as auto-parallel planners do): (2 · t_forward) / (t_forward+backward − t_forward)."""
+    from jaxrl_hf.placement.measure import forward, init_params
+    arch = ModelArch(1, 192, 4, 4, 512, 1024)
+    params = init_params(arch, 0)
+    toks = (jnp.arange(tokens, dtype=jnp.int32) * 7 % arch.vocab).reshape(-1, 64)
+
+    def loss(p):
+        logits, _ = forward(arch, p, toks)
+        return -jnp.mean(jax.nn.log_softmax(logits, -1)[..., 0])
+
+    fwd, both = jax.jit(loss), jax.jit(jax.value_and_grad(loss))
+    jax.block_until_ready((fwd(params), both(params)))
+    t_fwd = t_both = float("inf")
+    for _ in range(max(repeats, 5)):  # interleaved, best of each: robust to a drifting host load
+        t0 = time.perf_counter()
+        jax.block_until_ready(fwd(params))
+        t1 = time.perf_counter()
+        jax.block_until_ready(both(params))
+        t_fwd, t_both = min(t_fwd, t1 - t0), min(t_both, time.perf_counter() - t1)
+    return float(min(1.0, max(0.05, 2 * t_fwd / max(t_both - t_fwd, 1e-9))))
+
+
 def host_memory_bytes() -> float:
     return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
@@ -126,13 +152,14 @@ def calibrate_device(quick: bool = False) -> tuple[DeviceSpec, dict]:
     raw.update(all_reduce_alpha_s=ar_alpha, all_reduce_bw=ar_bw, all_gather_alpha_s=ag_alpha, all_gather_bw=ag_bw)
     layer_oh, step_oh = decode_overheads(reps, response_len=8 if quick else 32)
     raw.update(layer_overhead_s=layer_oh, decode_step_overhead_s=step_oh)
+    raw["backward_efficiency"] = backward_efficiency(128 if quick else 512, repeats=reps)
     shared = jax.devices()[0].platform == "cpu"
     spec = DeviceSpec(
         name=f"{raw['platform']}-{n_dev}dev-measured", memory_bytes=host_memory_bytes() / n_dev,
         matmul_flops={"f32": raw["matmul_f32_1dev"], "bf16": raw["matmul_bf16_1dev"]},
         mem_bandwidth=raw["membw_1dev"], intra_node_bw=(ar_bw + ag_bw) / 2, inter_node_bw=(ar_bw + ag_bw) / 2,
         devices_per_node=n_dev, collective_latency_s=(ar_alpha + ag_alpha) / 2, layer_overhead_s=layer_oh,
-        decode_step_overhead_s=step_oh,
+        decode_step_overhead_s=step_oh, backward_efficiency=raw["backward_efficiency"],
         host_flops_cap={"f32": raw["matmul_f32_all"], "bf16": raw["matmul_bf16_all"]} if shared else None,
         host_bw_cap=raw["membw_all"] if shared else None, source="measured",
     )

@@ -24,6 +24,8 @@ class DeviceSpec:
     decoder layer's kernels in one forward pass (dominates small decode steps).
     decode_step_overhead_s: fixed cost per generated token step of the generation engine
     (scheduling, sampling, detokenisation), independent of the model size.
+    backward_efficiency: rate of the backward pass (2× the forward FLOPs) relative to the forward
+    matmul rate; 1.0 for GPU GEMMs, measured on hosts whose backward kernels are slower.
     host_flops_cap / host_bw_cap: when the "devices" share one host (fake XLA CPU devices), the
     aggregate rate of all of them together; None for real accelerators.
     """
@@ -38,6 +40,7 @@ class DeviceSpec:
     collective_latency_s: float = 10e-6
     layer_overhead_s: float = 20e-6
     decode_step_overhead_s: float = 0.0
+    backward_efficiency: float = 1.0
     usable_memory_fraction: float = 0.9
     host_flops_cap: dict[str, float] | None = None
     host_bw_cap: float | None = None
@@ -49,6 +52,9 @@ class DeviceSpec:
                 raise ValueError(f"DeviceSpec {self.name}: {field} must be > 0, got {getattr(self, field)}")
         if not self.matmul_flops or any(v <= 0 for v in self.matmul_flops.values()):
             raise ValueError(f"DeviceSpec {self.name}: matmul_flops needs positive rates, got {self.matmul_flops}")
+        if not 0 < self.backward_efficiency <= 1.5:
+            raise ValueError(f"DeviceSpec {self.name}: backward_efficiency must be in (0, 1.5], got "
+                             f"{self.backward_efficiency}")
         if self.devices_per_node < 1:
             raise ValueError(f"DeviceSpec {self.name}: devices_per_node must be >= 1")
 
@@ -112,7 +118,7 @@ def published_device(name: str) -> DeviceSpec:
 
 PROFILE_KEYS = ("name", "memory_bytes", "matmul_flops", "mem_bandwidth", "intra_node_bw", "inter_node_bw",
                 "devices_per_node", "collective_latency_s", "layer_overhead_s", "decode_step_overhead_s",
-                "host_flops_cap", "host_bw_cap")
+                "backward_efficiency", "host_flops_cap", "host_bw_cap")
 
 
 def device_to_dict(device: DeviceSpec) -> dict:

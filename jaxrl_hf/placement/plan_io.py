@@ -151,3 +151,43 @@ def load_plan(path: str | Path) -> PlacementPlan:
 def best_plan(result: SearchResult) -> PlacementPlan:
     """The search's best candidate as a validated PlacementPlan (what `placement=auto` uses)."""
     return parse_plan(candidate_to_dict(result, result.best), where=f"auto plan for {result.dataflow.algo}")
+
+
+# roles the launcher's `placement` config can place on their own pool (others share the actor's)
+SEPARABLE_ROLES = ("critic", "reward")
+
+
+def plan_to_overrides(plan: PlacementPlan, devices_per_process: int = 1) -> dict[str, Any]:
+    """Dotted `placement.*` overrides for the launcher config (jaxrl_hf.config PlacementConfig):
+    the actor's pool size and (p, t, d) / generation (p_g, t_g), and for critic / reward either
+    `colocate: true` or their own pool's process count.  Raises when the plan places a role the
+    launcher cannot place (e.g. ref away from the actor) or a pool size is not a multiple of
+    `devices_per_process`."""
+    if "actor" not in plan.strategies:
+        raise ValueError("plan has no actor")
+    actor_pool, s = plan.pool_of("actor"), plan.strategies["actor"]
+
+    def processes(pool: ResourcePoolPlan) -> int:
+        if pool.size % devices_per_process:
+            raise ValueError(f"pool {pool.name} has {pool.size} devices, not a multiple of "
+                             f"devices_per_process={devices_per_process}")
+        return pool.size // devices_per_process
+
+    out: dict[str, Any] = {
+        "placement.num_processes": processes(actor_pool), "placement.devices_per_process": devices_per_process,
+        "placement.train.pp": s.p, "placement.train.tp": s.t, "placement.train.dp": s.d,
+        "placement.generate.pp": s.p_g or s.p, "placement.generate.tp": s.t_g or s.t,
+    }
+    for role in plan.strategies:
+        if role == "actor":
+            continue
+        pool = plan.pool_of(role)
+        if role in SEPARABLE_ROLES:
+            out[f"placement.{role}.colocate"] = pool.name == actor_pool.name
+            if pool.name != actor_pool.name:
+                out[f"placement.{role}.num_processes"] = processes(pool)
+                out[f"placement.{role}.devices_per_process"] = devices_per_process
+        elif pool.name != actor_pool.name:
+            raise ValueError(f"plan puts {role} on {pool.name}, away from the actor's {actor_pool.name}; the "
+                             f"launcher places only {list(SEPARABLE_ROLES)} on their own pools")
+    return out

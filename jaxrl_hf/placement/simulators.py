@@ -26,7 +26,7 @@ class OpCost:
     """Predicted latency of one operation and the work behind it (for host-shared devices)."""
 
     latency_s: float
-    flops: float
+    flops: float  # matmul-rate-equivalent FLOPs (backward scaled by 1 / backward_efficiency)
     bytes_moved: float
     comm_s: float
     waves: int = 1
@@ -64,7 +64,10 @@ def simulate_train(arch: ModelArch, wl: Workload, s: ParallelStrategy, cluster: 
     dev, seq = cluster.device, wl.seq_len
     tokens = wl.num_sequences * seq * wl.epochs
     passes = 3 + (1 if opts.activation_recompute else 0)
-    flops = tokens * arch.forward_flops_per_token(seq) * passes
+    fwd_flops = tokens * arch.forward_flops_per_token(seq)
+    # forward passes (1, +1 recomputed) at the matmul rate, the backward (2× forward) at
+    # backward_efficiency of it: counted as matmul-rate-equivalent FLOPs
+    flops = fwd_flops * ((passes - 2) + 2 / dev.backward_efficiency)
     per_step_seqs = wl.num_sequences / wl.optimizer_steps
     mb_per_step = max(1, math.ceil(per_step_seqs / (s.d * opts.train_micro_batch)))
     steps = wl.epochs * wl.optimizer_steps

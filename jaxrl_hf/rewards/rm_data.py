@@ -23,7 +23,6 @@ import numpy as np
 
 from jaxrl_hf.data.schema import ROLES, DatasetRowError
 
-Messages = list[dict[str, Any]]
 
 
 class PreferencePairError(DatasetRowError):
@@ -39,10 +38,6 @@ class PreferencePair:
     rejected: str
     source: str = "<pairs>"
     row: int = 0
-
-    @property
-    def messages(self) -> Messages:
-        return [dict(m) for m in self.prompt]
 
 
 def normalize_prompt(prompt: Any, where: str) -> tuple[dict[str, Any], ...]:

@@ -19,7 +19,7 @@ import optax
 
 from jaxrl_hf.models.config import DecoderConfig
 from jaxrl_hf.models.value_head import value_forward
-from jaxrl_hf.rewards.bradley_terry import bt_accuracy, bt_loss
+from jaxrl_hf.rewards.bradley_terry import bt_loss
 
 Params = dict[str, Any]
 Batch = dict[str, jax.Array]
@@ -63,7 +63,7 @@ def preference_loss(params: Params, config: DecoderConfig, batch: Batch) -> tupl
 class RMOptimConfig:
     """AdamW settings: ``lr`` for the backbone, ``lr * head_lr_multiplier`` for the ``score`` head."""
 
-    lr: float = 1e-5
+    lr: float = 2e-5
     head_lr_multiplier: float = 10.0
     weight_decay: float = 0.0
     warmup_steps: int = 5
@@ -134,8 +134,3 @@ def make_train_step(config: DecoderConfig, optimizer: optax.GradientTransformati
 def make_score_fn(config: DecoderConfig) -> Callable[[Params, jax.Array, jax.Array], jax.Array]:
     """Jitted ``(params, input_ids, attention_mask) -> scores [B]``."""
     return jax.jit(lambda params, ids, mask: sequence_scores(params, config, ids, mask))
-
-
-def pairwise_accuracy(chosen: jax.Array, rejected: jax.Array) -> float:
-    """Fraction of pairs with ``r_chosen > r_rejected`` (ties count as wrong)."""
-    return float(bt_accuracy(chosen, rejected))

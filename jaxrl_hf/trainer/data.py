@@ -55,14 +55,15 @@ def load_split(config: RunConfig, split: str, tokenizer: Any) -> dict[str, list[
     """``{dataset name: rows}`` for ``split`` ('train' or 'val'), overlong prompts filtered (and reported)."""
     files = config.data.train_files if split == "train" else config.data.val_files
     limit = 0 if split == "train" else config.data.val_size
+    max_len = config.data.max_prompt_length if split == "train" else config.data.val_max_prompt_length
     out: dict[str, list[dict]] = {}
     for name in files:
         rows = _builtin_rows(name, config, split, limit)
         if config.data.filter_overlong_prompts:
-            rows, report = filter_by_prompt_length(rows, tokenizer, config.data.max_prompt_length, source=f"{split}:{name}")
+            rows, report = filter_by_prompt_length(rows, tokenizer, max_len, source=f"{split}:{name}")
         if not rows:
-            raise ValueError(f"data.{split}_files: dataset {name!r} has no rows with prompts <= "
-                             f"data.max_prompt_length={config.data.max_prompt_length} tokens")
+            key = "max_prompt_length" if split == "train" else "val_max_prompt_length"
+            raise ValueError(f"data.{split}_files: dataset {name!r} has no rows with prompts <= data.{key}={max_len} tokens")
         out[name] = rows
     return out
 

@@ -20,8 +20,9 @@ from typing import Any, TextIO
 
 logger = logging.getLogger(__name__)
 
-CONSOLE_KEYS = ("critic/score/mean", "critic/acc/mean", "response_length/mean", "actor/entropy", "actor/pg_clipfrac",
-                "actor/ppo_kl", "timing_s/step")
+CONSOLE_KEYS = {"critic/score/mean": "score", "critic/acc/mean": "acc", "response_length/mean": "len",
+                "actor/entropy": "entropy", "actor/pg_clipfrac": "clipfrac", "actor/ppo_kl": "ppo_kl",
+                "dynamic_sampling/num_gen_batches": "gen_batches"}
 
 
 def _json_value(value: Any) -> Any:
@@ -135,11 +136,7 @@ class MetricLogger:
 
     def console_summary(self, metrics: dict[str, float]) -> str:
         """A short ``key=value`` string of the headline metrics."""
-        parts = []
-        for key in CONSOLE_KEYS:
-            if key in metrics:
-                parts.append(f"{key.split('/', 1)[-1] if key.count('/') == 1 else key}={float(metrics[key]):.3g}")
-        return " ".join(parts)
+        return " ".join(f"{short}={float(metrics[key]):.3g}" for key, short in CONSOLE_KEYS.items() if key in metrics)
 
     def close(self) -> None:
         if self._tb is not None:

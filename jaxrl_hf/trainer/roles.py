@@ -40,7 +40,7 @@ class RoleBuilder(contextlib.AbstractContextManager):
 
     def build(self) -> Roles:
         """Start the pools, create the groups and call ``init_model`` on each."""
-        from jaxrl_hf.workers import ActorRolloutRefWorker, CriticWorker, RewardModelWorker
+        from jaxrl_hf.workers import ActorRolloutRefWorker, CostModelWorker, CriticWorker, RewardModelWorker
 
         c = self.config
         worker_config = c.to_dict()
@@ -59,7 +59,7 @@ class RoleBuilder(contextlib.AbstractContextManager):
             groups["reward_model"] = WorkerGroup(reward_pool, RewardModelWorker, worker_config, "reward", role="reward_model")
         if c.cost_model.enable:
             reward_pool = reward_pool or self._pool("reward", c.placement.reward)
-            groups["cost_model"] = WorkerGroup(reward_pool, RewardModelWorker, worker_config, "cost", role="cost_model")
+            groups["cost_model"] = WorkerGroup(reward_pool, CostModelWorker, worker_config, "cost", role="cost_model")
         for group in groups.values():
             group.init_model()
         return Roles(**groups)

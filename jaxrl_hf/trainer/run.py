@@ -120,12 +120,14 @@ class RLTrainer:
         size = c.data.val_batch_size or len(rows)
         scored = []
         for i in range(0, len(rows), size):
-            prompts = collate_prompts(rows[i : i + size], self.tokenizer, c.data.max_prompt_length, uid_base=i)
+            prompts = collate_prompts(rows[i : i + size], self.tokenizer, c.data.val_max_prompt_length, uid_base=i)
             v = c.rollout.val
             prompts.meta_info.update({"validate": True, "n": v.n, "greedy": v.greedy, "temperature": v.temperature,
-                                      "top_p": v.top_p, "seed": generation_seed(c.rollout.seed, -1, i)})
+                                      "top_p": v.top_p, "response_length": v.response_length,
+                                      "seed": generation_seed(c.rollout.seed, -1, i)})
             out = self.roles.actor.generate_sequences(prompts)
-            scored.append(out.union(self.reward_fn(out).select(["seq_score", "acc", "pred"], [])))
+            scored.append(out.select(["data_source", "uid"], []).union(
+                self.val_reward_fn(out).select(["seq_score", "acc", "pred"], [])))
         batch = Batch.concat(scored, meta_conflict="first")
         metrics = aggregate_validation(list(batch["data_source"]), list(batch["uid"]),
                                        {"acc": batch["acc"], "score": batch["seq_score"]}, list(batch["pred"]), c.rollout.val.n)
@@ -138,6 +140,9 @@ class RLTrainer:
         ctx = StepContext(c, self.roles, self.reward_fn, self.global_step, self.next_prompts, self.kl_ctrl,
                           state=self.algo_state, ptx_batch=self.ptx_batch if self.ptx is not None else None)
         start = time.perf_counter()
+        for group in (self.roles.actor, self.roles.critic, self.roles.cost_critic):
+            if group is not None and "set_step" in group.method_names:
+                group.set_step(self.global_step)  # seeds of mini-batch shuffles derive from the step
         batch = self.step_fn(ctx)
         ctx.timer.timings["step"] = time.perf_counter() - start
         metrics = {"training/global_step": float(self.global_step), "training/epoch": float(self.loader.epoch)}
@@ -164,6 +169,7 @@ class RLTrainer:
         self._setup_data()
         resume = self.ckpt.resume_path(c.trainer.resume_mode, c.trainer.resume_from_path)
         self.reward_fn = RewardFunction(c, self.tokenizer)
+        self.val_reward_fn = RewardFunction(c, self.tokenizer, validation=True)
         with RoleBuilder(c) as builder:
             self.roles = builder.build()
             if resume:
@@ -176,6 +182,7 @@ class RLTrainer:
             finally:
                 log.close()
                 self.reward_fn.close()
+                self.val_reward_fn.close()
 
     def _loop(self, log: MetricLogger, resumed: bool) -> int:
         c = self.config
@@ -236,7 +243,7 @@ class RLTrainer:
 
 def _headline(metrics: dict[str, float]) -> str:
     keys = sorted(k for k in metrics if k.startswith("val-core/") and "/acc/" in k)
-    return ", ".join(f"{k.split('/')[1]} acc={metrics[k]:.3f}" for k in keys) or "(no accuracy metric)"
+    return ", ".join(f"{k[len('val-core/'):k.rindex('/acc/')]} acc={metrics[k]:.3f}" for k in keys) or "(no accuracy metric)"
 
 
 def run(algo: str, preset: str | None = None, overrides: list[str] | tuple[str, ...] = ()) -> int:

@@ -21,19 +21,21 @@ from jaxrl_hf.rewards import ScoreFnSpec, make_reward_manager
 class RewardFunction:
     """Scores generated responses with the configured reward manager (in-process or a process pool)."""
 
-    def __init__(self, config: RunConfig, tokenizer: Any) -> None:
+    def __init__(self, config: RunConfig, tokenizer: Any, *, validation: bool = False) -> None:
+        """``validation=True``: the plain rule score (no overlong shaping, no reward-model mix)."""
         rm = config.reward_model
         crf = config.custom_reward_function
         spec = ScoreFnSpec.from_config({"path": crf.path, "name": crf.name, "reward_kwargs": crf.reward_kwargs})
         kwargs: dict[str, Any] = dict(tokenizer=tokenizer, num_workers=rm.num_workers, timeout_s=rm.timeout_s,
                                       num_examine=rm.num_examine)
-        if rm.reward_manager == "dapo":
+        manager = "naive" if validation else rm.reward_manager
+        if manager == "dapo":
             kwargs.update(max_response_length=config.rollout.response_length,
                           overlong_buffer={"enable": rm.overlong_buffer.enable, "len": rm.overlong_buffer.len,
                                            "penalty_factor": rm.overlong_buffer.penalty_factor,
                                            "log": rm.overlong_buffer.log})
-        self.manager = make_reward_manager(rm.reward_manager, score_fn=spec, **kwargs)
-        self.rule_weight = rm.rule_weight if rm.enable else 1.0
+        self.manager = make_reward_manager(manager, score_fn=spec, **kwargs)
+        self.rule_weight = rm.rule_weight if (rm.enable and not validation) else 1.0
 
     def __call__(self, batch: Batch) -> Batch:
         """Rule scores of ``batch`` (needs ``responses``, ``response_mask``, ``data_source``, ``ground_truth``)."""

@@ -86,7 +86,7 @@ class StepContext:
         if self.roles.cost_model is not None:
             with self.timer("cost"):
                 cost = self.roles.cost_model.compute_rm_score(batch)
-            batch = batch.union(Batch.from_dict({"token_level_costs": np.asarray(cost["rm_scores"], np.float32)}))
+            batch = batch.union(Batch.from_dict({"token_level_costs": np.asarray(cost["cost_scores"], np.float32)}))
         with self.timer("reward"):
             scored = self.reward_fn(batch)
         for key, value in scored.meta_info.get("reward_metrics", {}).items():

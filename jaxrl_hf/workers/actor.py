@@ -25,18 +25,18 @@ import jax.numpy as jnp
 import numpy as np
 
 import mesh as meshlib
-from jaxrl_hf.controller import PAD_ROWS_KEY, Batch, Dispatch, Worker, process_local_rows, register
+from jaxrl_hf.controller import PAD_ROWS_KEY, Batch, Dispatch, Worker, register
 from jaxrl_hf.models import save_hf_dir
 from jaxrl_hf.rollout import JaxGenerationEngine, SamplingParams
 from jaxrl_hf.workers import checkpoint as ckpt
-from jaxrl_hf.workers.common import (LoadedModel, WorkerConfigError, copy_tokenizer_files, get, lm_param_shardings,
-                                     load_model, pad_rows_to, to_global, train_parallel)
+from jaxrl_hf.workers.common import (LoadedModel, WorkerConfigError, chunked_apply, copy_tokenizer_files, get,
+                                     lm_param_shardings, load_model, to_global, train_parallel)
 from jaxrl_hf.workers.losses import (ACTOR_SUMMED_METRICS, ActorLossConfig, actor_loss, lm_log_prob_fn,
                                      response_denominator)
 from jaxrl_hf.workers.minibatch import MiniBatchPlan, iterate_minibatches, mean_metrics
 from jaxrl_hf.workers.optim import OptimConfig, make_optimizer
 from jaxrl_hf.workers.protocols import MESH_DP_MERGE
-from jaxrl_hf.workers.train_step import TrainState, init_train_state, make_train_step
+from jaxrl_hf.workers.train_step import TrainState, init_train_state, make_train_step, train_state_shardings
 
 ROLES = ("actor_rollout_ref", "actor_rollout", "ref")
 LOG_PROB_INPUTS = ("input_ids", "attention_mask", "position_ids", "responses")
@@ -81,6 +81,12 @@ class ActorRolloutRefWorker(Worker):
         self.config, self.worker_role = config, role
         self.has_actor, self.has_ref = role != "ref", role in ("actor_rollout_ref", "ref")
         self.train = train_parallel(get(config, "placement", {}))
+        generate = get(config, "placement.generate", {}) or {}
+        if (int(generate.get("pp", self.train.pp)), int(generate.get("tp", self.train.tp))) != (self.train.pp, self.train.tp):
+            raise WorkerConfigError(
+                f"placement.generate={dict(generate)} differs from placement.train pp/tp ({self.train.pp}, "
+                f"{self.train.tp}): the hybrid-engine generation layout is not wired into the actor yet; "
+                "set placement.generate.pp/tp equal to placement.train")
         self.mesh = meshlib.build_train_mesh(self.train, meshlib.ordered_devices())
         self.model: LoadedModel | None = None
         self.state: TrainState | None = None
@@ -120,11 +126,12 @@ class ActorRolloutRefWorker(Worker):
             self.optim = OptimConfig.from_dict(get(actor, "optim", {}), grad_clip=get(actor, "grad_clip", 1.0),
                                                where="actor.optim")
             optimizer = make_optimizer(self.optim)
-            self.state = jax.jit(lambda p: init_train_state(p, optimizer))(params)
+            state_shardings = train_state_shardings(params, shardings, optimizer, self.mesh)
+            self.state = jax.jit(lambda p: init_train_state(p, optimizer), out_shardings=state_shardings)(params)
             loss_fn = functools.partial(actor_loss, log_prob_fn=self.log_prob_fn, cfg=self.loss_cfg)
             self._train_step = make_train_step(loss_fn, self.optim, optimizer=optimizer,
                                                denominator_fn=response_denominator(self.loss_cfg.loss_agg_mode),
-                                               summed_aux=ACTOR_SUMMED_METRICS)
+                                               summed_aux=ACTOR_SUMMED_METRICS, state_shardings=state_shardings)
             self.engine = JaxGenerationEngine(config, self.state.params, pad_token_id=self.model.pad_token_id,
                                               eos_token_ids=self.model.eos_token_ids, mesh=self.mesh,
                                               rules=meshlib.train_activation_rules())
@@ -204,18 +211,12 @@ class ActorRolloutRefWorker(Worker):
         per_device = int(get(self.config, "actor.log_prob_micro_batch_size_per_device",
                              get(self.config, "actor.ppo_micro_batch_size_per_device", 4)))
         chunk = per_device * self.dp_devices // self.dp_processes
-        arrays, extra = pad_rows_to({k: np.asarray(batch[k]) for k in LOG_PROB_INPUTS}, chunk)
-        rows = len(arrays["input_ids"])
-        logps, ents = [], []
-        for startrow in range(0, rows, chunk):
-            micro = {k: to_global(v[startrow:startrow + chunk], self.mesh, self.dp_processes) for k, v in arrays.items()}
-            logp, ent = _log_probs_program(params, micro, jnp.float32(temperature), log_prob_fn=self.log_prob_fn)
-            logps.append(process_local_rows(logp))
-            ents.append(process_local_rows(ent))
-        mask = np.asarray(batch["response_mask"]) if "response_mask" in batch else None
-        logp, ent = np.concatenate(logps)[:rows - extra], np.concatenate(ents)[:rows - extra]
-        if mask is not None:
-            logp, ent = logp * (mask != 0), ent * (mask != 0)
+        program = functools.partial(_log_probs_program, log_prob_fn=self.log_prob_fn)
+        logp, ent = chunked_apply(program, params, {k: batch[k] for k in LOG_PROB_INPUTS}, chunk, self.mesh,
+                                  self.dp_processes, jnp.float32(temperature))
+        if "response_mask" in batch:
+            valid = np.asarray(batch["response_mask"]) != 0
+            logp, ent = logp * valid, ent * valid
         return logp.astype(np.float32), ent.astype(np.float32)
 
     def _temperature(self, meta: Mapping[str, Any]) -> float:

@@ -180,3 +180,20 @@ def copy_tokenizer_files(src_dir: str | None, dst_dir: str) -> list[str]:
             shutil.copyfile(src, os.path.join(dst_dir, name))
             copied.append(name)
     return copied
+
+
+def chunked_apply(program: Any, params: Any, arrays: Mapping[str, np.ndarray], chunk: int,
+                  mesh: jax.sharding.Mesh, dp_processes: int, *extra: Any) -> tuple[np.ndarray, ...]:
+    """Run ``program(params, micro, *extra) -> array or tuple of [rows, ...] arrays`` over this process's rows in
+    chunks of ``chunk`` rows (the last padded with copies of row 0), returning this process's output rows."""
+    arrays, added = pad_rows_to({k: np.asarray(v) for k, v in arrays.items()}, chunk)
+    rows = len(next(iter(arrays.values())))
+    pieces: list[tuple[np.ndarray, ...]] = []
+    from jaxrl_hf.controller import process_local_rows
+
+    for start in range(0, rows, chunk):
+        micro = {k: to_global(v[start:start + chunk], mesh, dp_processes) for k, v in arrays.items()}
+        out = program(params, micro, *extra)
+        out = out if isinstance(out, tuple) else (out,)
+        pieces.append(tuple(process_local_rows(o) for o in out))
+    return tuple(np.concatenate(col)[:rows - added] for col in zip(*pieces))

@@ -43,6 +43,16 @@ def init_train_state(params: Any, optimizer: optax.GradientTransformation) -> Tr
     return TrainState(params, optimizer.init(params), jnp.zeros((), jnp.int32))
 
 
+def train_state_shardings(params: Any, param_shardings: Any, optimizer: optax.GradientTransformation,
+                          mesh: jax.sharding.Mesh) -> TrainState:
+    """Shardings of a `TrainState`: Adam moments follow their parameter, scalars are replicated."""
+    import mesh as meshlib
+
+    opt_shapes = jax.eval_shape(optimizer.init, params)
+    opt = meshlib.optimizer_state_shardings(opt_shapes, params, param_shardings, mesh)
+    return TrainState(param_shardings, opt, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
+
+
 def accumulate_gradients(loss_fn: LossFn, params: Any, micro_batches: Mapping[str, jax.Array],
                          denominators: Any, summed_aux: tuple[str, ...] = ()) -> tuple[jax.Array, Any, dict[str, jax.Array]]:
     """``(Σ loss shares, Σ grads, aux)`` over the leading micro-batch axis of ``micro_batches``; ``aux``

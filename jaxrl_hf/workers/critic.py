@@ -1,0 +1,154 @@
+"""`CriticWorker`: the PPO value model (decoder backbone + scalar head), HybridFlow §2.4's critic class.
+
+``compute_values`` adds ``values [B, R]`` (V of the state before each response token); ``update_critic``
+reads ``values`` (old), ``returns`` (GAE targets from the trainer) and ``response_mask`` and minimises the
+clipped value loss with the same exact micro-batch accumulation as the actor.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Mapping
+
+import jax
+import numpy as np
+
+import mesh as meshlib
+from jaxrl_hf.controller import PAD_ROWS_KEY, Batch, Dispatch, Worker, register
+from jaxrl_hf.models import value_param_logical_axes, value_params_from_lm
+from jaxrl_hf.workers import checkpoint as ckpt
+from jaxrl_hf.workers.common import (LoadedModel, WorkerConfigError, chunked_apply, get, load_model,
+                                     param_shardings, to_global, train_parallel)
+from jaxrl_hf.workers.losses import CRITIC_SUMMED_METRICS, CriticLossConfig, critic_loss, response_denominator, value_head_fn
+from jaxrl_hf.workers.minibatch import MiniBatchPlan, iterate_minibatches, mean_metrics
+from jaxrl_hf.workers.optim import OptimConfig, make_optimizer
+from jaxrl_hf.workers.train_step import TrainState, init_train_state, make_train_step, train_state_shardings
+
+VALUE_INPUTS = ("input_ids", "attention_mask", "position_ids", "responses")
+UPDATE_KEYS = VALUE_INPUTS + ("response_mask", "values", "returns")
+
+
+@functools.partial(jax.jit, static_argnames=("value_fn",))
+def _values_program(params: Any, micro: Mapping[str, jax.Array], *, value_fn: Any) -> jax.Array:
+    return value_fn(params, micro)
+
+
+class CriticWorker(Worker):
+    """Value model on a ``('pp','tp','dp')`` mesh. ``config["critic"]`` holds the optimizer/mini-batch keys;
+    the backbone comes from ``critic.model`` if given, else ``model`` (the actor's initial weights)."""
+
+    def __init__(self, config: Mapping[str, Any]):
+        self.config = config
+        self.critic_cfg = get(config, "critic")
+        self.train = train_parallel(get(config, "placement", {}))
+        self.mesh = meshlib.build_train_mesh(self.train, meshlib.ordered_devices())
+        self.model: LoadedModel | None = None
+        self.state: TrainState | None = None
+
+    @property
+    def dp_processes(self) -> int:
+        """Data-parallel shards at process granularity."""
+        return self.mesh_coords().dp_size
+
+    def _require_model(self, method: str) -> None:
+        if self.model is None:
+            raise RuntimeError(f"CriticWorker.{method}: call init_model() first")
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def init_model(self) -> dict[str, Any]:
+        """Backbone from the LM weights + a value head (``critic.value_head_init_std``, default 0 so V=0
+        at the start), optimizer and train step."""
+        model_cfg = get(self.critic_cfg, "model", None) or get(self.config, "model")
+        self.model = load_model(model_cfg, where="critic.model" if "model" in self.critic_cfg else "model")
+        config = self.model.config
+        params = value_params_from_lm(self.model.params, config, int(get(model_cfg, "seed", 0)) + 1,
+                                      head_std=float(self.critic_cfg.get("value_head_init_std", 0.0)))
+        self.model.params = None
+        shardings = param_shardings(params, value_param_logical_axes(config), self.mesh)
+        params = jax.device_put(params, shardings)
+        try:
+            self.loss_cfg = CriticLossConfig(cliprange_value=float(self.critic_cfg.get("cliprange_value", 0.5)),
+                                             loss_agg_mode=self.critic_cfg.get("loss_agg_mode", "token-mean"))
+        except ValueError as err:
+            raise WorkerConfigError(f"critic config: {err}") from None
+        self.optim = OptimConfig.from_dict(get(self.critic_cfg, "optim", {}),
+                                           grad_clip=self.critic_cfg.get("grad_clip", 1.0), where="critic.optim")
+        optimizer = make_optimizer(self.optim)
+        state_shardings = train_state_shardings(params, shardings, optimizer, self.mesh)
+        self.state = jax.jit(lambda p: init_train_state(p, optimizer), out_shardings=state_shardings)(params)
+        self.value_fn = value_head_fn(config, self.mesh, meshlib.train_activation_rules())
+        loss_fn = functools.partial(critic_loss, value_fn=self.value_fn, cfg=self.loss_cfg)
+        self._train_step = make_train_step(loss_fn, self.optim, optimizer=optimizer,
+                                           denominator_fn=response_denominator(self.loss_cfg.loss_agg_mode),
+                                           summed_aux=CRITIC_SUMMED_METRICS, state_shardings=state_shardings)
+        self.global_step = 0
+        return {"num_params": int(sum(np.prod(x.shape) for x in jax.tree.leaves(params))), "mesh": dict(self.mesh.shape)}
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def set_step(self, step: int) -> None:
+        """Set the global training step (seeds the mini-batch shuffle)."""
+        self.global_step = int(step)
+
+    @register(dispatch=Dispatch.MESH_DP)
+    def compute_values(self, batch: Batch) -> Batch:
+        """``values [B, R]`` float32, 0 outside ``response_mask``."""
+        self._require_model("compute_values")
+        missing = [k for k in VALUE_INPUTS + ("response_mask",) if k not in batch]
+        if missing:
+            raise KeyError(f"compute_values: Batch lacks {missing}; columns: {batch.keys()}")
+        per_device = int(self.critic_cfg.get("log_prob_micro_batch_size_per_device",
+                                             get(self.critic_cfg, "ppo_micro_batch_size_per_device")))
+        chunk = per_device * int(self.mesh.shape["dp"]) // self.dp_processes
+        (values,) = chunked_apply(functools.partial(_values_program, value_fn=self.value_fn), self.state.params,
+                                  {k: batch[k] for k in VALUE_INPUTS}, chunk, self.mesh, self.dp_processes)
+        return Batch.from_dict({"values": (values * (np.asarray(batch["response_mask"]) != 0)).astype(np.float32)})
+
+    @register(dispatch=Dispatch.MESH_DP)
+    def update_critic(self, batch: Batch) -> Batch:
+        """``ppo_epochs`` × mini-batch steps of the clipped value loss; returns an empty Batch with
+        ``meta_info["metrics"]``: ``critic/vf_loss``, ``critic/vf_clipfrac``, ``critic/vpred_mean``,
+        ``critic/grad_norm``, ``critic/lr``, ``critic/num_updates``."""
+        self._require_model("update_critic")
+        missing = [k for k in UPDATE_KEYS if k not in batch]
+        if missing:
+            raise KeyError(f"update_critic: Batch lacks {missing}; columns: {batch.keys()}")
+        arrays = {k: np.asarray(batch[k]) for k in UPDATE_KEYS}
+        pad = int(batch.meta_info.get(PAD_ROWS_KEY, 0))
+        if pad:
+            arrays["response_mask"] = arrays["response_mask"].copy()
+            arrays["response_mask"][len(batch) - pad:] = 0
+        c = self.critic_cfg
+        plan = MiniBatchPlan.build(len(batch), mini_batch_prompts=int(get(c, "ppo_mini_batch_size")),
+                                   samples_per_prompt=int(get(self.config, "rollout.n", 1)),
+                                   micro_per_device=int(get(c, "ppo_micro_batch_size_per_device")),
+                                   dp_devices=int(self.mesh.shape["dp"]), dp_processes=self.dp_processes,
+                                   epochs=int(c.get("ppo_epochs", 1)), shuffle=bool(c.get("shuffle", False)),
+                                   where="critic")
+        collected = []
+        seed = [int(get(self.config, "rollout.seed", 0)), self.global_step, self.mesh_coords().dp_rank, 1]
+        for micro in iterate_minibatches(arrays, plan, seed):
+            placed = {k: to_global(v, self.mesh, self.dp_processes, micro_axis=True) for k, v in micro.items()}
+            self.state, metrics = self._train_step(self.state, placed)
+            collected.append(metrics)
+        metrics = mean_metrics(collected, prefix="critic/", last=("lr",))
+        metrics.pop("critic/loss", None)
+        return Batch.from_dict({}, meta_info={"metrics": metrics})
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, path: str) -> str:
+        """Atomically write the critic's params, optimizer state and step to ``path``."""
+        self._require_model("save_checkpoint")
+        return ckpt.save_state(path, {"train_state": self.state},
+                               {"role": "critic", "global_step": self.global_step,
+                                "model_config": self.model.config.to_hf_dict()})
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, path: str) -> int:
+        """Restore a ``save_checkpoint`` directory onto the current mesh; returns its global step."""
+        self._require_model("load_checkpoint")
+        tree, meta = ckpt.restore_state(path, {"train_state": self.state})
+        if meta.get("role") != "critic":
+            raise ValueError(f"checkpoint {path} was written by role {meta.get('role')!r}, not 'critic'")
+        self.state = TrainState(*tree["train_state"])
+        self.global_step = int(meta["global_step"])
+        return self.global_step
