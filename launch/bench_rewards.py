@@ -24,8 +24,9 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
 
 from jaxrl_hf.rewards import NaiveRewardManager  # noqa: E402
+from jaxrl_hf.data.gsm8k import default_gsm8k_dir  # noqa: E402
 
-GSM8K_TEST = os.path.join(os.path.dirname(REPO_ROOT), "shared", "data", "gsm8k", "test.jsonl")
+GSM8K_TEST = os.path.join(default_gsm8k_dir(), "test.jsonl")
 SOURCES = {"gsm8k": "openai/gsm8k", "math": "lighteval/MATH", "math_dapo": "math_dapo"}
 
 

@@ -20,6 +20,9 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+OUTSIDE_STEP = ("step", "testing", "save_checkpoint")  # validation and checkpoints run after the step's clock
+
+
 def summarise(records: list[dict], skip_first: int = 1) -> dict:
     """Mean per-stage seconds over the steps after the first ``skip_first`` (compilation) steps."""
     steady = [r for r in records if r["step"] > skip_first] or records
@@ -27,7 +30,7 @@ def summarise(records: list[dict], skip_first: int = 1) -> dict:
     mean = {s: sum(r.get(f"timing_s/{s}", 0.0) for r in steady) / len(steady) for s in stages}
     step = mean.get("step", 0.0)
     return {"steps_measured": [r["step"] for r in steady], "stage_mean_s": mean,
-            "stage_share": {s: (v / step if step else 0.0) for s, v in mean.items() if s != "step"},
+            "stage_share": {s: (v / step if step else 0.0) for s, v in mean.items() if s not in OUTSIDE_STEP},
             "tokens_per_s": sum(r.get("perf/throughput", 0.0) for r in steady) / len(steady),
             "response_length_mean": sum(r.get("response_length/mean", 0.0) for r in steady) / len(steady)}
 
@@ -56,10 +59,11 @@ def main(argv: list[str] | None = None) -> int:
         records = [json.loads(line) for line in fh if line.strip()]
     result = {"algo": args.algo, "preset": args.preset, "run_dir": run_dir, **summarise(records)}
     print(f"RL step time by stage ({args.algo}, steps {result['steps_measured']}, first step = compile, excluded)")
-    print(f"{'stage':<18}{'mean s':>10}{'share':>9}")
+    print(f"{'stage':<18}{'mean s':>10}  share of step")
     for stage, secs in sorted(result["stage_mean_s"].items(), key=lambda kv: -kv[1]):
-        share = "" if stage == "step" else f"{100 * result['stage_share'][stage]:.1f}%"
-        print(f"{stage:<18}{secs:>10.3f}{share:>9}")
+        share = ("100% (the step)" if stage == "step" else
+                 f"{100 * result['stage_share'][stage]:.1f}%" if stage in result["stage_share"] else "(after the step)")
+        print(f"{stage:<18}{secs:>10.3f}  {share}")
     print(f"tokens/s (prompt+response, per device): {result['tokens_per_s']:.1f}")
     if args.json:
         with open(args.json, "w") as fh:

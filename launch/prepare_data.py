@@ -1,6 +1,6 @@
 """Write RL datasets in verl's schema (and GSM8K preference pairs for reward-model training).
 
-    python launch/prepare_data.py gsm8k       [--input-dir ../shared/data/gsm8k] [--out-dir runs/data/gsm8k]
+    python launch/prepare_data.py gsm8k       [--input-dir DIR (default: the copy in jaxrl_hf/data/assets/gsm8k)] [--out-dir runs/data/gsm8k]
     python launch/prepare_data.py arithmetic  [--seed 0] [--n-train 20000] [--n-test 500]
                                               [--min-digits 1] [--max-digits 2] [--operators '+-*'] [--num-operands 2]
     python launch/prepare_data.py gsm8k_prefs [--seed 0] [--limit N]   (train_prefs.jsonl / test_prefs.jsonl)
@@ -21,8 +21,9 @@ sys.path.insert(0, REPO_ROOT)
 from jaxrl_hf.data import gsm8k as gsm8k_data  # noqa: E402
 from jaxrl_hf.data.arithmetic import ArithmeticConfig, generate_arithmetic, parse_operators  # noqa: E402
 from jaxrl_hf.data.io import write_rows  # noqa: E402
+from jaxrl_hf.data.gsm8k import default_gsm8k_dir  # noqa: E402
 
-DEFAULT_GSM8K_DIR = os.path.join(os.path.dirname(REPO_ROOT), "shared", "data", "gsm8k")
+DEFAULT_GSM8K_DIR = default_gsm8k_dir()
 
 
 def _source_file(input_dir: str, split: str) -> str:

@@ -1,6 +1,6 @@
 """Train a reward model (value-head decoder) with the Bradley-Terry loss on preference pairs.
 
-    python launch/train_rm.py --out runs/rm                       # GSM8K pairs built from ../shared/data/gsm8k
+    python launch/train_rm.py --out runs/rm                       # GSM8K pairs built from jaxrl_hf/data/assets/gsm8k
     python launch/train_rm.py --pairs prefs.jsonl --model smollm2-135m-instruct --out runs/rm \\
         [--eval-pairs held_out.jsonl | --eval-fraction 0.1] [--steps 40 --batch-size 8 --lr 2e-5 \\
         --max-length 384 --seed 0 --num-layers K --dtype float32|bfloat16 --json OUT.json]
@@ -43,8 +43,9 @@ from jaxrl_hf.rewards.rm_data import (EncodedPairs, PreferencePair, encode_pairs
 from jaxrl_hf.rewards.rm_io import save_reward_model  # noqa: E402
 from jaxrl_hf.rewards.rm_training import (RMOptimConfig, init_train_state, make_optimizer, make_score_fn,  # noqa: E402
                                           make_train_step)
+from jaxrl_hf.data.gsm8k import default_gsm8k_dir  # noqa: E402
 
-DEFAULT_GSM8K_DIR = os.path.join(os.path.dirname(REPO_ROOT), "shared", "data", "gsm8k")
+DEFAULT_GSM8K_DIR = default_gsm8k_dir()
 TOKENIZER_MODEL = "smollm2-135m-instruct"
 
 

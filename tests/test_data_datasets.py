@@ -15,9 +15,10 @@ from jaxrl_hf.data import DatasetRowError, generate_arithmetic, make_row, read_r
 from jaxrl_hf.data import gsm8k as gsm8k_data
 from jaxrl_hf.data.arithmetic import ArithmeticConfig
 from jaxrl_hf.rewards import compute_score
+from jaxrl_hf.data.gsm8k import default_gsm8k_dir
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-GSM8K_DIR = os.path.join(os.path.dirname(REPO), "shared", "data", "gsm8k")
+GSM8K_DIR = default_gsm8k_dir()
 
 
 def _eval_expression(text: str) -> int:

@@ -18,9 +18,10 @@ from jaxrl_hf.rewards.rm_data import (EncodedPairs, PreferencePairError, encode_
 from jaxrl_hf.rewards.rm_io import load_reward_model, save_reward_model
 from jaxrl_hf.rewards.rm_training import (RMOptimConfig, init_train_state, make_optimizer, make_train_step,
                                           preference_loss)
+from jaxrl_hf.data.gsm8k import default_gsm8k_dir
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-GSM8K_DIR = os.path.join(os.path.dirname(REPO), "shared", "data", "gsm8k")
+GSM8K_DIR = default_gsm8k_dir()
 
 
 def _tiny(vocab: int = 97, **overrides) -> DecoderConfig:

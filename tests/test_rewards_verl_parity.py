@@ -18,11 +18,12 @@ import pytest
 
 from _rewards_verl_reference import load_verl_scorers
 from jaxrl_hf.rewards import gsm8k, hendrycks_math, math_dapo
+from jaxrl_hf.data.gsm8k import default_gsm8k_dir
 
 VERL = load_verl_scorers()
 pytestmark = pytest.mark.skipif(VERL is None, reason="verl is not installed (pip install --no-deps verl)")
 
-GSM8K_TEST = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "gsm8k", "test.jsonl")
+GSM8K_TEST = os.path.join(default_gsm8k_dir(), "test.jsonl")
 
 TOKENS = [
     "1", "2", "3", "0", "7", "12", "0.5", ".5", "1,234", "-", ",", ".", "####", "#### ", " ", "$", "\\$",

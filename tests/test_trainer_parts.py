@@ -176,3 +176,13 @@ def test_metric_logger_truncates_on_resume(tmp_path):
     assert [r["step"] for r in records] == [1, 2] and records[0]["actor/grad_norm"] == "nan"
     MetricLogger(str(tmp_path), ["jsonl"]).close()  # a fresh run starts a fresh file
     assert not os.path.exists(tmp_path / "metrics.jsonl")
+
+
+def test_mfu_is_six_n_tokens_over_time_and_peak():
+    from jaxrl_hf.trainer.metrics import mfu_metric
+
+    batch = Batch.from_dict({"attention_mask": np.ones((4, 10), np.int32)})
+    m = mfu_metric(batch, {"update_actor": 2.0}, num_params=1_000_000, ppo_epochs=2, num_devices=2,
+                   peak_flops_per_device=1e9)
+    assert m["perf/mfu/actor"] == pytest.approx(6 * 1e6 * 40 * 2 / (2.0 * 2 * 1e9))
+    assert mfu_metric(batch, {"update_actor": 2.0}, 1_000_000, 1, 1, None) == {}

@@ -17,6 +17,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional
 
+from jaxrl_hf.data.gsm8k import default_gsm8k_dir
+
 # ---------------------------------------------------------------------------------------------- data
 
 
@@ -41,7 +43,10 @@ class DataConfig:
     """Rows generated for ``arithmetic`` training data (ignored for files)."""
     val_size: int = 32
     """Rows per validation source (first N of each; 0 = all)."""
-    gsm8k_dir: str = "/work/shared/data/gsm8k"
+    val_size_per_source: dict[str, int] = field(default_factory=lambda: {"gsm8k": 16})
+    """Per-dataset override of ``val_size`` (keys: names in ``val_files``)."""
+    gsm8k_dir: str = field(default_factory=default_gsm8k_dir)
+    """Directory holding GSM8K ``train.jsonl`` / ``test.jsonl`` (default: the copy shipped in the package)."""
     train_batch_size: int = 4
     """Prompts per RL step (each sampled ``rollout.n`` times)."""
     gen_batch_size: Optional[int] = None
@@ -153,10 +158,11 @@ class ActorConfig:
 class RolloutValConfig:
     """Sampling for validation (verl ``val_kwargs``)."""
 
-    n: int = 1
+    n: int = 4
     temperature: float = 1.0
-    top_p: float = 1.0
-    greedy: bool = True
+    top_p: float = 0.7
+    greedy: bool = False
+    """DAPO's evaluation: T=1.0, top-p 0.7, avg@k (here mean@4) — it tracks the sampling policy RL trains."""
     response_length: Optional[int] = 96
     """Longer than training's so GSM8K answers fit (null: ``rollout.response_length``)."""
 
@@ -323,6 +329,8 @@ class TrainerConfig:
     test_freq: int = 15
     """Validate every N steps (and at the end); <= 0: only before/after."""
     val_before_train: bool = True
+    val_only: bool = False
+    """Only validate the (initial or resumed) policy, log it to validation.jsonl, and exit."""
     save_freq: int = 15
     """Checkpoint every N steps (and at the end); <= 0: never."""
     max_ckpt_to_keep: Optional[int] = 2
@@ -336,6 +344,11 @@ class TrainerConfig:
     export_hf: bool = False
     """Write the final actor as an HF safetensors directory to ``run_dir/hf_actor``."""
     ray_init_timeout_s: float = 180.0
+    peak_flops_per_device: Optional[float] = None
+    """Peak FLOP/s of one device, for ``perf/mfu/actor`` (e.g. 989e12 for an H100 in bf16); null: not logged."""
+    compilation_cache_dir: Optional[str] = "~/.cache/jaxrl_hf/xla"
+    """JAX persistent compilation cache shared by the worker processes (null: off). A rerun skips XLA
+    compilation (the smoke preset: ~2x faster); compiled programs are identical, so results are too."""
 
 
 # ----------------------------------------------------------------------------------------- placement

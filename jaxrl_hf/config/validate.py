@@ -165,6 +165,9 @@ def check_data_and_rewards(config: RunConfig) -> None:
         _fail("data.train_size", d.train_size, f"fewer rows than one batch (data.train_batch_size={d.train_batch_size})")
     if d.val_size < 0:
         _fail("data.val_size", d.val_size, "must be >= 0 (0 = all rows)")
+    for name, size in d.val_size_per_source.items():
+        if not isinstance(size, int) or size < 0:
+            _fail(f"data.val_size_per_source.{name}", size, "must be an int >= 0 (0 = all rows)")
     rm = config.reward_model
     ob = rm.overlong_buffer
     if ob.enable:

@@ -1,7 +1,7 @@
 """GSM8K (Cobbe et al., 2021) in verl's schema, and GSM8K preference pairs for reward-model training.
 
-Source files are the original jsonl (``question``, ``answer`` ending in ``#### n``), e.g.
-``../shared/data/gsm8k/{train,test}.jsonl``. The prompt appends verl's instruction
+Source files are the original jsonl (``question``, ``answer`` ending in ``#### n``); a copy ships in
+``jaxrl_hf/data/assets/gsm8k/{train,test}.jsonl`` (MIT, see its LICENSE) and :func:`default_gsm8k_dir` finds it. The prompt appends verl's instruction
 (``Let's think step by step and output the final answer after "####".``) so the ``openai/gsm8k`` rule
 scorer's strict mode applies. A source row whose answer has no parseable ``#### n`` is an error naming
 the file and line — bad ground truth wrecks RL training, so it is never silently kept or dropped.
@@ -18,6 +18,15 @@ from jaxrl_hf.data.schema import DatasetRowError, make_row
 
 DATA_SOURCE = "openai/gsm8k"
 INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
+
+#: Environment variable naming another directory holding ``train.jsonl`` / ``test.jsonl``.
+GSM8K_DIR_ENV = "JAXRL_HF_GSM8K_DIR"
+
+
+def default_gsm8k_dir() -> str:
+    """``$JAXRL_HF_GSM8K_DIR`` if set, else the copy shipped inside the package."""
+    return os.environ.get(GSM8K_DIR_ENV) or os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets", "gsm8k")
+
 
 _FINAL = re.compile(r"#### (-?[0-9.,]+)\s*$")
 _CALCULATOR = re.compile(r"<<[^<>]*>>")

@@ -19,9 +19,14 @@ Param tree of ``CausalLM`` (shapes without the ``layers`` axis where stacked)::
   model/norm/scale                      [embed]
   lm_head/kernel                        [embed, vocab]   (absent when tied)
 
-KV cache: a dict ``{"k", "v"}`` of ``[layers, batch, cache_len, kv_heads, head_dim]``. A call writes
-its ``T`` new keys/values at slot ``cache_index`` (same for all rows: prompts are left-padded) and
-attends over all slots ``s <= cache_index + t`` that ``attention_mask[b, s]`` marks valid.
+KV cache: a dict ``{"k", "v"}`` of ``[layers, batch, cache_len, kv_heads, head_dim]``. A call with
+``T`` new tokens at slot ``cache_index`` (same for all rows: prompts are left-padded) attends over the
+cached slots ``s < cache_index`` plus its own keys causally, keeping only slots that
+``attention_mask[b, s]`` marks valid. Inside the layer scan the cache is read-only: each layer emits
+just its ``T`` new keys/values (``CausalLM.hidden_states_and_new_kv`` returns them stacked as
+``[layers, batch, T, kv_heads, head_dim]``), and ``write_kv_cache`` stores them with one
+``dynamic_update_slice`` per tensor, which XLA performs in place on a loop-carried (or donated) cache.
+Writing per layer inside the scan instead would copy every layer's whole cache on every step.
 """
 
 from __future__ import annotations
@@ -104,17 +109,50 @@ class _Proj(nn.Module):
         return y
 
 
-def attention_weights_mask(attention_mask: Array, cache_index: Array, q_len: int) -> Array:
-    """Boolean ``[B, 1, 1, T, S]``: key ``s`` is visible to query ``t`` iff valid and ``s <= cache_index + t``."""
-    s_len = attention_mask.shape[1]
-    q_pos = cache_index + jnp.arange(q_len)
-    causal = jnp.arange(s_len)[None, :] <= q_pos[:, None]  # [T, S]
-    mask = causal[None] & attention_mask[:, None, :].astype(bool)  # [B, T, S]
-    return mask[:, None, None]
+def split_attention_masks(attention_mask: Array, cache_index: Array, cached_len: int,
+                          q_len: int) -> tuple[Array, Array]:
+    """Which keys each query sees: cached slot ``s`` iff ``s < cache_index`` and ``attention_mask[b, s]``;
+    new key ``u`` (slot ``cache_index + u``) iff ``u <= t`` (causal) and ``attention_mask[b, cache_index + u]``.
+
+    Returns boolean masks ``[B, 1, 1, 1, cached_len]`` (the same for every query) and ``[B, 1, 1, T, T]``,
+    broadcastable against scores ``[B, kv_heads, groups, T, keys]``.
+    """
+    valid = attention_mask.astype(bool)
+    cached = (jnp.arange(cached_len) < cache_index)[None, :] & valid[:, :cached_len]  # [B, S_c]
+    new_valid = jax.lax.dynamic_slice_in_dim(valid, cache_index, q_len, axis=1)  # [B, T]
+    causal = jnp.arange(q_len)[None, :] <= jnp.arange(q_len)[:, None]  # [T(query), T(key)]
+    new = causal[None] & new_valid[:, None, :]  # [B, T, T]
+    return cached[:, None, None, None, :], new[:, None, None]
+
+
+def _cached_scores(qg: Array, cached_k: Array, dt: Any) -> Array:
+    """f32 ``q . k`` over the cache: ``qg [B, T, kv_heads, groups, D]``, ``cached_k [B, S, kv_heads, D]``
+    -> ``[B, kv_heads, groups, T, S]``.
+
+    For a single query (decode) this is a multiply-and-reduce that XLA fuses with the read of the
+    cache in its stored layout; a batched matmul would first transpose the whole layer cache.
+    """
+    if qg.shape[1] == 1:
+        prod = qg[:, 0, None].astype(jnp.float32) * cached_k[:, :, :, None, :].astype(jnp.float32)
+        return jnp.sum(prod, axis=-1).transpose(0, 2, 3, 1)[:, :, :, None, :]  # [B,S,K,G] -> [B,K,G,1,S]
+    return jnp.einsum("btkgd,bskd->bkgts", qg, cached_k.astype(dt), preferred_element_type=jnp.float32)
+
+
+def _cached_values(probs: Array, cached_v: Array, dt: Any) -> Array:
+    """``sum_s probs[b,k,g,t,s] * cached_v[b,s,k,d]`` -> ``[B, T, kv_heads, groups, D]`` (see ``_cached_scores``)."""
+    if probs.shape[3] == 1:
+        weights = probs[:, :, :, 0].transpose(0, 3, 1, 2)[..., None].astype(jnp.float32)  # [B,S,K,G,1]
+        out = jnp.sum(weights * cached_v[:, :, :, None, :].astype(jnp.float32), axis=1)  # [B,K,G,D]
+        return out[:, None].astype(dt)
+    return jnp.einsum("bkgts,bskd->btkgd", probs, cached_v.astype(dt))
 
 
 class Attention(nn.Module):
-    """Grouped-query self-attention with RoPE and an optional static KV cache."""
+    """Grouped-query self-attention with RoPE over an optional read-only KV cache.
+
+    ``__call__`` returns ``(y, new_kv)``: ``new_kv`` holds this call's keys/values ``[B, T, kv_heads,
+    head_dim]`` in the cache dtype (``None`` without a cache); the caller writes them into the cache.
+    """
 
     config: DecoderConfig
     mesh: Any = None
@@ -136,29 +174,35 @@ class Attention(nn.Module):
         q = apply_rope(q, positions, inv_freq, rope_scale)
         kk = apply_rope(kk, positions, inv_freq, rope_scale)
 
-        new_cache = None
-        if layer_cache is not None:
-            zero = jnp.zeros((), jnp.int32)
-            idx = (zero, cache_index.astype(jnp.int32), zero, zero)
-            keys = jax.lax.dynamic_update_slice(layer_cache["k"], kk.astype(layer_cache["k"].dtype), idx)
-            values = jax.lax.dynamic_update_slice(layer_cache["v"], v.astype(layer_cache["v"].dtype), idx)
-            new_cache = {"k": keys, "v": values}
-            keys, values = keys.astype(dt), values.astype(dt)
-        else:
-            keys, values = kk, v
+        new_kv = None
+        if layer_cache is not None:  # round the new keys/values to the cache dtype, as a cache read would
+            kk = kk.astype(layer_cache["k"].dtype)
+            v = v.astype(layer_cache["v"].dtype)
+            new_kv = {"k": kk, "v": v}
+            kk, v = kk.astype(dt), v.astype(dt)
 
         b, t = x.shape[0], x.shape[1]
         g = c.num_query_groups
         qg = q.reshape(b, t, k, g, d)
-        scores = jnp.einsum("btkgd,bskd->bkgts", qg, keys, preferred_element_type=jnp.float32) * (d ** -0.5)
-        mask = attention_weights_mask(attention_mask, cache_index, t)
-        scores = jnp.where(mask, scores, _NEG)
-        probs = jax.nn.softmax(scores, axis=-1).astype(dt)
-        out = jnp.einsum("bkgts,bskd->btkgd", probs, values).reshape(b, t, h, d)
+        scale = d ** -0.5
+        cached_len = 0 if layer_cache is None else layer_cache["k"].shape[1]
+        cached_mask, new_mask = split_attention_masks(attention_mask, cache_index, cached_len, t)
+        scores = jnp.einsum("btkgd,bskd->bkgts", qg, kk, preferred_element_type=jnp.float32) * scale
+        scores = jnp.where(new_mask, scores, _NEG)
+        if cached_len:  # one softmax over [cached slots] ++ [new keys]; the cache is only read
+            cached_scores = _cached_scores(qg, layer_cache["k"], dt)
+            cached_scores = jnp.where(cached_mask, cached_scores * scale, _NEG)
+            probs = jax.nn.softmax(jnp.concatenate([cached_scores, scores], axis=-1), axis=-1).astype(dt)
+            out = (_cached_values(probs[..., :cached_len], layer_cache["v"], dt)
+                   + jnp.einsum("bkgts,bskd->btkgd", probs[..., cached_len:], v))
+        else:
+            probs = jax.nn.softmax(scores, axis=-1).astype(dt)
+            out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
+        out = out.reshape(b, t, h, d)
         out = constrain(out, ("batch", "length", "heads", "head_dim"), self.mesh, self.rules)
         y = _Proj(h * d, (e,), ("heads", "head_dim", "embed"), ("embed",) if c.o_bias else None, dt, pdt,
                   contract_dims=2, name="o_proj")(out)
-        return y, new_cache
+        return y, new_kv
 
 
 class MLP(nn.Module):
@@ -189,16 +233,17 @@ class DecoderLayer(nn.Module):
     @nn.compact
     def __call__(self, x: Array, positions: Array, attention_mask: Array, cache_index: Array,
                  layer_cache: KVCache | None) -> tuple[Array, KVCache | None]:
+        """Returns ``(hidden, new_kv)``; ``new_kv`` as in ``Attention`` (scanned: stacked over layers)."""
         c = self.config
         pdt = _dtype(c.param_dtype)
         x = constrain(x, ("batch", "length", "embed"), self.mesh, self.rules)
         h = RMSNorm(c.rms_norm_eps, pdt, name="input_layernorm")(x)
-        attn, new_cache = Attention(c, self.mesh, self.rules, name="self_attn")(
+        attn, new_kv = Attention(c, self.mesh, self.rules, name="self_attn")(
             h, positions, attention_mask, cache_index, layer_cache)
         x = x + attn
         h = RMSNorm(c.rms_norm_eps, pdt, name="post_attention_layernorm")(x)
         x = x + MLP(c, self.mesh, self.rules, name="mlp")(h)
-        return constrain(x, ("batch", "length", "embed"), self.mesh, self.rules), new_cache
+        return constrain(x, ("batch", "length", "embed"), self.mesh, self.rules), new_kv
 
 
 _REMAT_POLICIES = {
@@ -235,10 +280,22 @@ class Decoder(nn.Module):
 
     def __call__(self, input_ids: Array, positions: Array, attention_mask: Array,
                  cache: KVCache | None = None, cache_index: Array | int = 0) -> tuple[Array, KVCache | None]:
+        """``(hidden [B, T, embed], new_kv)``: ``new_kv`` = ``{"k","v"}: [layers, B, T, kv_heads, head_dim]``
+        (this call's keys/values, not yet written into ``cache``), ``None`` without a cache.
+
+        A Python-int ``cache_index == 0`` (prefill) attends to no cached slot, so the cache is not read.
+        """
+        if cache is not None:
+            cache_len = cache["k"].shape[2]
+            if attention_mask.shape[1] != cache_len:
+                raise ValueError(f"attention_mask has {attention_mask.shape[1]} slots but the KV cache has "
+                                 f"{cache_len}; with a cache the mask must cover every cache slot")
+            if isinstance(cache_index, int) and cache_index == 0:
+                cache = jax.tree.map(lambda a: a[:, :, :0], cache)
         x = self.embed_tokens(input_ids)
         x = constrain(x, ("batch", "length", "embed"), self.mesh, self.rules)
-        x, new_cache = self.layers(x, positions, attention_mask, jnp.asarray(cache_index, jnp.int32), cache)
-        return self.norm(x), new_cache
+        x, new_kv = self.layers(x, positions, attention_mask, jnp.asarray(cache_index, jnp.int32), cache)
+        return self.norm(x), new_kv
 
     def attend(self, hidden: Array) -> Array:
         """Tied LM head: ``hidden @ embedding.T``."""
@@ -259,9 +316,19 @@ class CausalLM(nn.Module):
             self.lm_head = _Proj(c.hidden_size, (c.vocab_size,), ("embed", "vocab"), None,
                                  _dtype(c.dtype), _dtype(c.param_dtype))
 
+    def hidden_states_and_new_kv(self, input_ids: Array, positions: Array, attention_mask: Array,
+                                 cache: KVCache | None = None,
+                                 cache_index: Array | int = 0) -> tuple[Array, KVCache | None]:
+        """``(hidden, new_kv)`` without touching ``cache``; store ``new_kv`` with ``write_kv_cache``."""
+        return self.model(input_ids, positions, attention_mask, cache, cache_index)
+
     def hidden_states(self, input_ids: Array, positions: Array, attention_mask: Array,
                       cache: KVCache | None = None, cache_index: Array | int = 0) -> tuple[Array, KVCache | None]:
-        return self.model(input_ids, positions, attention_mask, cache, cache_index)
+        """``(hidden, cache with this call's keys/values written at cache_index)`` (``None`` without a cache)."""
+        hidden, new_kv = self.model(input_ids, positions, attention_mask, cache, cache_index)
+        if cache is None:
+            return hidden, None
+        return hidden, write_kv_cache(cache, new_kv, cache_index)
 
     def logits_from_hidden(self, hidden: Array) -> Array:
         if self.config.tie_word_embeddings:
@@ -279,6 +346,17 @@ class CausalLM(nn.Module):
 def default_positions(attention_mask: Array) -> Array:
     """Position ids for left-padded rows: ``cumsum(mask) - 1`` clipped at 0 (HF convention)."""
     return jnp.maximum(jnp.cumsum(attention_mask.astype(jnp.int32), axis=-1) - 1, 0)
+
+
+def write_kv_cache(cache: KVCache, new_kv: KVCache, cache_index: Array | int) -> KVCache:
+    """Store ``new_kv [layers, B, T, kv_heads, head_dim]`` at slots ``cache_index .. cache_index + T - 1``.
+
+    One ``dynamic_update_slice`` per tensor: in place when ``cache`` is a loop carry or donated.
+    """
+    zero = jnp.zeros((), jnp.int32)
+    idx = (zero, zero, jnp.asarray(cache_index, jnp.int32), zero, zero)
+    return {name: jax.lax.dynamic_update_slice(cache[name], new_kv[name].astype(cache[name].dtype), idx)
+            for name in ("k", "v")}
 
 
 def init_kv_cache(config: DecoderConfig, batch: int, cache_len: int, dtype: Any = None) -> KVCache:

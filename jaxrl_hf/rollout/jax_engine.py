@@ -24,7 +24,8 @@ import numpy as np
 
 from jaxrl_hf.models.config import DecoderConfig
 from jaxrl_hf.models.forward import make_module, param_shardings
-from jaxrl_hf.models.llama import KV_CACHE_LOGICAL_AXES, CausalLM, default_positions, init_kv_cache
+from jaxrl_hf.models.llama import (KV_CACHE_LOGICAL_AXES, CausalLM, default_positions, init_kv_cache,
+                                   write_kv_cache)
 from jaxrl_hf.rollout.sampling import LOGPROBS_MODES, sample_tokens
 
 DEFAULT_LENGTH_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
@@ -107,8 +108,15 @@ def _generate_program(params: Any, prompt_ids: jnp.ndarray, prompt_mask: jnp.nda
     full_mask = jnp.concatenate([prompt_mask.astype(jnp.int32), jnp.ones((batch, max_new), jnp.int32)], axis=1)
     positions = default_positions(prompt_mask)
     variables = {"params": params}
-    hidden, cache = module.apply(variables, prompt_ids, positions, full_mask, cache, 0,
-                                 method=CausalLM.hidden_states)
+
+    def store(cache: dict, new_kv: dict, index: Any) -> dict:
+        # the layer scan only reads the cache; the new keys/values go in with one update per step,
+        # in place on the while-loop carry (never a per-layer copy of the whole cache)
+        return jax.tree.map(lambda c: constrain(c, KV_CACHE_LOGICAL_AXES), write_kv_cache(cache, new_kv, index))
+
+    hidden, new_kv = module.apply(variables, prompt_ids, positions, full_mask, cache, 0,
+                                  method=CausalLM.hidden_states_and_new_kv)
+    cache = store(cache, new_kv, 0)
     logits = module.apply(variables, hidden[:, -1:], method=CausalLM.logits_from_hidden)[:, 0]
     sample = partial(sample_tokens, temperature=temperature, top_k=top_k, top_p=top_p, use_top_p=use_top_p,
                      greedy=greedy, logprobs_mode=logprobs_mode)
@@ -133,8 +141,9 @@ def _generate_program(params: Any, prompt_ids: jnp.ndarray, prompt_mask: jnp.nda
         out_mask = s["out_mask"].at[:, step].set(emit.astype(jnp.int32))
         out_logp = s["out_logp"].at[:, step].set(jnp.where(emit, s["logp"], 0.0))
         feed = jnp.where(emit, token, pad_id)
-        h, new_cache = module.apply(variables, feed[:, None], s["pos"][:, None], full_mask, s["cache"],
-                                    prompt_len + step, method=CausalLM.hidden_states)
+        h, new_kv = module.apply(variables, feed[:, None], s["pos"][:, None], full_mask, s["cache"],
+                                 prompt_len + step, method=CausalLM.hidden_states_and_new_kv)
+        new_cache = store(s["cache"], new_kv, prompt_len + step)
         next_logits = module.apply(variables, h, method=CausalLM.logits_from_hidden)[:, 0]
         next_token, next_logp = sample(step_keys(step + 1), next_logits)
         return dict(step=step + 1, token=next_token, logp=next_logp, done=s["done"] | hit_stop, pos=s["pos"] + 1,

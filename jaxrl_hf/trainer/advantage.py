@@ -16,7 +16,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_hf.algos import apply_kl_penalty, get_adv_estimator, init_kl_controller, update_kl_controller
-from jaxrl_hf.algos.kl import KLControllerState
 from jaxrl_hf.config.schema import AlgorithmConfig, KLControlConfig
 from jaxrl_hf.controller import Batch
 
@@ -99,5 +98,5 @@ def update_lagrange(lagrange: float, mean_cost: float, cost_limit: float, lr: fl
     return float(min(max(lagrange + lr * (mean_cost - cost_limit), 0.0), lambda_max))
 
 
-__all__ = ["KLController", "KLControllerState", "compute_advantage", "dense_uid", "kl_in_reward",
+__all__ = ["KLController", "compute_advantage", "dense_uid", "kl_in_reward",
            "safe_rlhf_advantage", "update_lagrange"]

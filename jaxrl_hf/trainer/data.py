@@ -7,7 +7,6 @@ and a ``uid`` (the prompt's group id: samples of one prompt share it) as per-sam
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -16,11 +15,10 @@ import numpy as np
 
 from jaxrl_hf.config.schema import RunConfig
 from jaxrl_hf.controller import Batch
-from jaxrl_hf.data import (ArithmeticConfig, PromptLoader, filter_by_prompt_length, generate_arithmetic, make_row,
-                           make_sampler, prompt_token_ids, read_rows)
+from jaxrl_hf.data import (ArithmeticConfig, PromptLoader, filter_by_prompt_length, generate_arithmetic, make_sampler,
+                           prompt_token_ids, read_rows)
 from jaxrl_hf.data import gsm8k as gsm8k_data
 
-logger = logging.getLogger(__name__)
 
 TINY_RANDOM = "tiny-random"
 DEFAULT_TOKENIZER_MODEL = "smollm2-135m-instruct"
@@ -58,7 +56,7 @@ def load_split(config: RunConfig, split: str, tokenizer: Any) -> dict[str, list[
     max_len = config.data.max_prompt_length if split == "train" else config.data.val_max_prompt_length
     out: dict[str, list[dict]] = {}
     for name in files:
-        rows = _builtin_rows(name, config, split, limit)
+        rows = _builtin_rows(name, config, split, config.data.val_size_per_source.get(name, limit) if limit else limit)
         if config.data.filter_overlong_prompts:
             rows, report = filter_by_prompt_length(rows, tokenizer, max_len, source=f"{split}:{name}")
         if not rows:
@@ -151,8 +149,3 @@ def collate_prompts(rows: Sequence[dict], tokenizer: Any, max_prompt_length: int
             "extra_info": [dict(r.get("extra_info") or {}) for r in rows],
         }
     )
-
-
-def row_for_text(text: str, truth: str, source: str = "arithmetic") -> dict:
-    """A one-message row (tests, demos)."""
-    return make_row(source, text, truth)

@@ -71,6 +71,18 @@ def throughput_metrics(batch: Batch, timings: dict[str, float], num_devices: int
     return out
 
 
+def mfu_metric(batch: Batch, timings: dict[str, float], num_params: int, ppo_epochs: int, num_devices: int,
+               peak_flops_per_device: float | None) -> dict[str, float]:
+    """``perf/mfu/actor``: model FLOPs of the actor update (6·N per token per epoch, Kaplan et al. 2020) over
+    the update's wall time × the devices' peak FLOP/s."""
+    seconds = timings.get("update_actor", 0.0)
+    if not peak_flops_per_device or not num_params or seconds <= 0:
+        return {}
+    tokens = float(np.asarray(batch["attention_mask"]).sum()) if "attention_mask" in batch else 0.0
+    flops = 6.0 * num_params * tokens * ppo_epochs
+    return {"perf/mfu/actor": flops / (seconds * num_devices * peak_flops_per_device)}
+
+
 def timing_metrics(timings: dict[str, float], batch: Batch) -> dict[str, float]:
     """``timing_s/<stage>`` and ``timing_per_token_ms/<stage>`` (per response token)."""
     tokens = max(float(np.asarray(batch["response_mask"]).sum()), 1.0)

@@ -60,9 +60,9 @@ class RoleBuilder(contextlib.AbstractContextManager):
         if c.cost_model.enable:
             reward_pool = reward_pool or self._pool("reward", c.placement.reward)
             groups["cost_model"] = WorkerGroup(reward_pool, CostModelWorker, worker_config, "cost", role="cost_model")
-        for group in groups.values():
-            group.init_model()
-        return Roles(**groups)
+        summaries = {name: group.init_model() for name, group in groups.items()}
+        actor_info = summaries["actor"][0] if isinstance(summaries["actor"], list) else summaries["actor"]
+        return Roles(**groups, actor_num_params=int((actor_info or {}).get("num_params", 0)))
 
     def close(self) -> None:
         for pool in reversed(self.pools):

@@ -26,12 +26,11 @@ from jaxrl_hf.config.schema import RunConfig
 from jaxrl_hf.controller import Batch
 from jaxrl_hf.trainer.advantage import KLController
 from jaxrl_hf.trainer.algorithms import ALGORITHMS
-from jaxrl_hf.trainer.balance import balance_permutation
 from jaxrl_hf.trainer.checkpointing import CheckpointError, CheckpointManager, load_trainer_state
 from jaxrl_hf.trainer.data import collate_prompts, load_split, load_tokenizer, make_train_loader, ptx_examples
 from jaxrl_hf.trainer.dynamic_sampling import DynamicSamplingError
 from jaxrl_hf.trainer.logging import MetricLogger, ProgressBar, read_jsonl
-from jaxrl_hf.trainer.metrics import data_metrics, entropy_metric, throughput_metrics, timing_metrics
+from jaxrl_hf.trainer.metrics import data_metrics, entropy_metric, mfu_metric, throughput_metrics, timing_metrics
 from jaxrl_hf.trainer.roles import RoleBuilder
 from jaxrl_hf.trainer.scoring import RewardFunction
 from jaxrl_hf.trainer.step import UID_STRIDE_ROUND, UID_STRIDE_STEP, Roles, StepContext, generation_seed
@@ -112,25 +111,28 @@ class RLTrainer:
 
     # ------------------------------------------------------------------ validation
     def validate(self) -> dict[str, float]:
-        """Sample ``rollout.val.n`` responses per validation prompt; mean@N / best@N / maj@N per source."""
+        """Sample ``rollout.val.n`` responses per validation prompt; mean@N / best@N / maj@N per source.
+        Each source is generated separately, so short arithmetic prompts are not padded to GSM8K's length."""
         c, start = self.config, time.perf_counter()
-        rows = [row for rows in self.val_sets.values() for row in rows]
-        if not rows:
-            return {}
-        size = c.data.val_batch_size or len(rows)
+        v = c.rollout.val
         scored = []
-        for i in range(0, len(rows), size):
-            prompts = collate_prompts(rows[i : i + size], self.tokenizer, c.data.val_max_prompt_length, uid_base=i)
-            v = c.rollout.val
-            prompts.meta_info.update({"validate": True, "n": v.n, "greedy": v.greedy, "temperature": v.temperature,
-                                      "top_p": v.top_p, "response_length": v.response_length,
-                                      "seed": generation_seed(c.rollout.seed, -1, i)})
-            out = self.roles.actor.generate_sequences(prompts)
-            scored.append(out.select(["data_source", "uid"], []).union(
-                self.val_reward_fn(out).select(["seq_score", "acc", "pred"], [])))
+        uid = 0
+        for name, rows in self.val_sets.items():
+            size = c.data.val_batch_size or len(rows)
+            for i in range(0, len(rows), size):
+                prompts = collate_prompts(rows[i : i + size], self.tokenizer, c.data.val_max_prompt_length, uid_base=uid)
+                uid += len(rows[i : i + size])
+                prompts.meta_info.update({"validate": True, "n": v.n, "greedy": v.greedy, "temperature": v.temperature,
+                                          "top_p": v.top_p, "response_length": v.response_length,
+                                          "seed": generation_seed(c.rollout.seed, -1, uid)})
+                out = self.roles.actor.generate_sequences(prompts)
+                scored.append(out.select(["data_source", "uid"], []).union(
+                    self.val_reward_fn(out).select(["seq_score", "acc", "pred"], [])))
+        if not scored:
+            return {}
         batch = Batch.concat(scored, meta_conflict="first")
         metrics = aggregate_validation(list(batch["data_source"]), list(batch["uid"]),
-                                       {"acc": batch["acc"], "score": batch["seq_score"]}, list(batch["pred"]), c.rollout.val.n)
+                                       {"acc": batch["acc"], "score": batch["seq_score"]}, list(batch["pred"]), v.n)
         metrics["timing_s/testing"] = time.perf_counter() - start
         return metrics
 
@@ -159,11 +161,14 @@ class RLTrainer:
         devices = c.placement.num_processes * c.placement.devices_per_process
         metrics.update(timing_metrics(ctx.timer.timings, batch))
         metrics.update(throughput_metrics(batch, ctx.timer.timings, devices))
+        metrics.update(mfu_metric(batch, ctx.timer.timings, self.roles.actor_num_params, c.actor.ppo_epochs, devices,
+                                  c.trainer.peak_flops_per_device))
         return metrics
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> int:
         c = self.config
+        enable_compilation_cache(c.trainer.compilation_cache_dir)
         os.makedirs(self.run_dir, exist_ok=True)
         dump_config(c, os.path.join(self.run_dir, "config.yaml"))
         self._setup_data()
@@ -186,6 +191,11 @@ class RLTrainer:
 
     def _loop(self, log: MetricLogger, resumed: bool) -> int:
         c = self.config
+        if c.trainer.val_only:
+            val = self.validate()
+            log.log_validation(self.global_step, val)
+            print(f"validation of the step-{self.global_step} policy: {_headline(val)}", file=sys.stderr)
+            return 0
         if c.trainer.val_before_train and not resumed and self.val_sets:
             val = self.validate()
             log.log_validation(0, val)
@@ -239,6 +249,19 @@ class RLTrainer:
             lines.append(f"  HF export:   {os.path.join(self.run_dir, 'hf_actor')}")
         lines.append(f"  plot:        python launch/plot.py {self.run_dir}")
         print("\n".join(lines), file=sys.stderr)
+
+
+def enable_compilation_cache(path: str | None) -> None:
+    """Point JAX's persistent compilation cache at ``path`` for this process and the worker processes it
+    starts (they inherit the environment of a local Ray cluster started afterwards). An explicit
+    ``JAX_COMPILATION_CACHE_DIR`` in the environment wins."""
+    if not path or "JAX_COMPILATION_CACHE_DIR" in os.environ:
+        return
+    path = os.path.abspath(os.path.expanduser(path))
+    os.makedirs(path, exist_ok=True)
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = path
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
 
 
 def _headline(metrics: dict[str, float]) -> str:

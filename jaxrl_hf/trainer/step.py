@@ -34,6 +34,8 @@ class Roles:
     cost_critic: Any = None
     reward_model: Any = None
     cost_model: Any = None
+    actor_num_params: int = 0
+    """Parameter count reported by the actor's ``init_model`` (for MFU)."""
 
 
 def generation_seed(base: int, step: int, round_: int) -> int:
