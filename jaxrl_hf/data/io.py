@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 from jaxrl_hf.data.schema import DatasetRowError, validate_row
 
@@ -17,6 +17,19 @@ def _format_of(path: str) -> str:
         return FORMATS[ext]
     except KeyError:
         raise ValueError(f"{path}: unsupported dataset extension {ext!r}; use one of {sorted(FORMATS)}") from None
+
+
+def iter_jsonl(path: str, *, error_cls: type[Exception] = DatasetRowError, unit: str = "line") -> Iterator[tuple[int, object]]:
+    """``(line_number, parsed_json)`` for every non-blank line of a JSON-lines file (1-based numbers); a line
+    that is not valid JSON raises ``error_cls("{path}: {unit} N: invalid JSON ...")``."""
+    with open(path, encoding="utf-8") as fh:
+        for line_no, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                yield line_no, json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise error_cls(f"{path}: {unit} {line_no}: invalid JSON ({exc.msg} at column {exc.colno})") from None
 
 
 def read_rows(path: str, *, validate: bool = True) -> list[dict]:
@@ -36,17 +49,10 @@ def read_rows(path: str, *, validate: bool = True) -> list[dict]:
                 validate_row(row, source=path, index=i)
         return rows
     rows = []
-    with open(path, encoding="utf-8") as fh:
-        for line_no, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DatasetRowError(f"{path}: line {line_no}: invalid JSON ({exc.msg} at column {exc.colno})") from None
-            if validate:
-                validate_row(row, source=path, index=line_no)
-            rows.append(row)
+    for line_no, row in iter_jsonl(path):
+        if validate:
+            validate_row(row, source=path, index=line_no)
+        rows.append(row)
     return rows
 
 

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxrl_hf.data.io import iter_jsonl
 from jaxrl_hf.data.schema import ROLES, DatasetRowError
 
 
@@ -89,16 +90,8 @@ def read_pairs(path: str | os.PathLike) -> list[PreferencePair]:
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"preference-pair file not found: {path}")
-    pairs = []
-    with open(path, encoding="utf-8") as fh:
-        for line_no, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise PreferencePairError(f"{path}: row {line_no}: invalid JSON ({exc.msg} at column {exc.colno})") from None
-            pairs.append(validate_pair(row, source=path, index=line_no))
+    pairs = [validate_pair(row, source=path, index=line_no)
+             for line_no, row in iter_jsonl(path, error_cls=PreferencePairError, unit="row")]
     if not pairs:
         raise PreferencePairError(f"{path}: no preference pairs (the file is empty)")
     return pairs
