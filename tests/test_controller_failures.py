@@ -22,7 +22,6 @@ from jaxrl_hf.controller import (
     WorkerDiedError,
     WorkerGroup,
     WorkerMethodError,
-    ensure_ray,
     register,
 )
 
@@ -50,15 +49,6 @@ VERIFY = textwrap.dedent(
     print("OUTSIDE_CHECK_OK", ray.get_runtime_context().gcs_address)
     """
 )
-
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    started_here = not ray.is_initialized()
-    ensure_ray()
-    yield ray.get_runtime_context().gcs_address
-    if started_here:
-        ray.shutdown()
 
 
 class Faulty(Worker):

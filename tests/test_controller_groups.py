@@ -25,21 +25,11 @@ from jaxrl_hf.controller import (
     Worker,
     WorkerGroup,
     colocate,
-    ensure_ray,
     register,
 )
 from jaxrl_hf.controller.worker import process_local_rows
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    started_here = not ray.is_initialized()
-    ensure_ray()
-    yield ray.get_runtime_context().gcs_address
-    if started_here:
-        ray.shutdown()
 
 
 @pytest.fixture(scope="module")

@@ -8,9 +8,8 @@ import os
 
 import numpy as np
 import pytest
-import ray
 
-from jaxrl_hf.controller import Batch, ResourcePool, WorkerGroup, WorkerMethodError, colocate, ensure_ray
+from jaxrl_hf.controller import Batch, ResourcePool, WorkerGroup, WorkerMethodError, colocate
 from jaxrl_hf.workers import ActorRolloutRefWorker, CostModelWorker, CriticWorker, RewardModelWorker
 
 
@@ -34,9 +33,7 @@ CONFIG = {
 
 
 @pytest.fixture(scope="module")
-def roles():
-    started_here = not ray.is_initialized()
-    ensure_ray()
+def roles(ray_cluster):
     pool = ResourcePool("workers_test", num_processes=1, devices_per_process=2)
     groups = colocate(pool, actor=(ActorRolloutRefWorker, (CONFIG, "actor_rollout_ref")), critic=(CriticWorker, (CONFIG,)),
                       reward=(RewardModelWorker, (CONFIG, "reward")), cost=(CostModelWorker, (CONFIG,)))
@@ -45,8 +42,6 @@ def roles():
     groups.pool = pool
     yield groups
     pool.shutdown()
-    if started_here:
-        ray.shutdown()
 
 
 def prompt_batch(seed=0):

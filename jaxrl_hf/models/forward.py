@@ -20,15 +20,26 @@ from jaxrl_hf.models.logprobs import log_probs_and_entropy_from_hidden
 Params = dict[str, Any]
 
 
+def freeze_rules(rules: Any) -> Any:
+    """Logical-axis rules as nested tuples (hashable, so a module holding them can be a static jit arg)."""
+    return tuple(tuple(r) for r in rules) if rules is not None else None
+
+
 def make_module(config: DecoderConfig, mesh: Any = None, rules: Any = None) -> CausalLM:
     """The flax module; with ``mesh`` and ``rules`` its activation constraints are always applied."""
-    return CausalLM(config, mesh, tuple(tuple(r) for r in rules) if rules is not None else None)
+    return CausalLM(config, mesh, freeze_rules(rules))
+
+
+def init_boxed(module: nn.Module, rng: jax.Array) -> Any:
+    """Boxed (logically partitioned) params of a decoder-backed ``module`` from a 1×2 dummy batch; the shapes
+    depend only on the config."""
+    ids = jnp.zeros((1, 2), jnp.int32)
+    mask = jnp.ones((1, 2), jnp.int32)
+    return module.init(rng, ids, default_positions(mask), mask)["params"]
 
 
 def _init_boxed(config: DecoderConfig, rng: jax.Array) -> Any:
-    ids = jnp.zeros((1, 2), jnp.int32)
-    mask = jnp.ones((1, 2), jnp.int32)
-    return make_module(config).init(rng, ids, default_positions(mask), mask)["params"]
+    return init_boxed(make_module(config), rng)
 
 
 def init_params(config: DecoderConfig, rng: jax.Array | int = 0) -> Params:

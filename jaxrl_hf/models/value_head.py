@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_hf.models.config import DecoderConfig
+from jaxrl_hf.models.forward import freeze_rules, init_boxed
 from jaxrl_hf.models.llama import Decoder, _Proj, default_positions
 from jaxrl_hf.models.weights_hf import hf_state_dict_to_params, params_to_hf_state_dict
 
@@ -39,13 +40,11 @@ class ValueModel(nn.Module):
 
 
 def _module(config: DecoderConfig, mesh: Any = None, rules: Any = None) -> ValueModel:
-    return ValueModel(config, mesh, tuple(tuple(r) for r in rules) if rules is not None else None)
+    return ValueModel(config, mesh, freeze_rules(rules))
 
 
 def _init_boxed(config: DecoderConfig, rng: jax.Array) -> Any:
-    ids = jnp.zeros((1, 2), jnp.int32)
-    mask = jnp.ones((1, 2), jnp.int32)
-    return _module(config).init(rng, ids, default_positions(mask), mask)["params"]
+    return init_boxed(_module(config), rng)
 
 
 def init_value_params(config: DecoderConfig, rng: jax.Array | int = 0) -> Params:

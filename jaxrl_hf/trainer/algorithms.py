@@ -30,14 +30,18 @@ def ppo_step(t: StepContext) -> Batch:
     return batch
 
 
+def critic_free_update(t: StepContext, batch: Batch) -> Batch:
+    """The tail every critic-free algorithm shares: actor.compute_log_prob -> ref.compute_ref_log_prob ->
+    compute_advantage (group / batch / greedy baseline) -> actor.update_actor."""
+    batch = t.advantages(t.ref_log_prob(t.old_log_prob(batch)))
+    t.update_actor(batch)
+    return batch
+
+
 def group_baseline_step(t: StepContext) -> Batch:
     """GRPO, RLOO, REINFORCE++, GSPO: no critic; the baseline comes from the prompt's group / the batch."""
     batch = t.generate_and_score()
-    batch = t.old_log_prob(batch)
-    batch = t.ref_log_prob(batch)
-    batch = t.advantages(batch)
-    t.update_actor(batch)
-    return batch
+    return critic_free_update(t, batch)
 
 
 def dapo_step(t: StepContext) -> Batch:
@@ -51,11 +55,7 @@ def dapo_step(t: StepContext) -> Batch:
         t.metrics.update(metrics)
     else:
         batch = t.generate_and_score()
-    batch = t.old_log_prob(batch)
-    batch = t.ref_log_prob(batch)
-    batch = t.advantages(batch)
-    t.update_actor(batch)
-    return batch
+    return critic_free_update(t, batch)
 
 
 def remax_step(t: StepContext) -> Batch:
@@ -69,11 +69,7 @@ def remax_step(t: StepContext) -> Batch:
     baseline = np.repeat(np.asarray(greedy_score, np.float32), len(batch) // len(prompts))
     batch = batch.union(Batch.from_dict({"reward_baselines": baseline}))
     t.metrics["critic/reward_baseline/mean"] = float(baseline.mean())
-    batch = t.old_log_prob(batch)
-    batch = t.ref_log_prob(batch)
-    batch = t.advantages(batch)
-    t.update_actor(batch)
-    return batch
+    return critic_free_update(t, batch)
 
 
 def safe_rlhf_step(t: StepContext) -> Batch:
