@@ -2,7 +2,7 @@
 
 Reads ``RUN_DIR/metrics.jsonl`` (and ``validation.jsonl``) and draws four panels vs step: reward/accuracy
 (train score, train acc, validation acc), response length, entropy, pg_clipfrac. Writes ``RUN_DIR/curves.png``
-with matplotlib when it is installed, else ``RUN_DIR/curves.svg`` (a self-contained SVG, no dependency).
+with matplotlib's Agg backend (``--out`` may name another format matplotlib writes: ``.svg``, ``.pdf``).
 """
 
 from __future__ import annotations
@@ -12,14 +12,17 @@ import json
 import math
 import os
 import sys
-from xml.sax.saxutils import escape
+from typing import Any
 
 PANELS = [
-    ("reward / accuracy", ["critic/score/mean", "critic/acc/mean", "val:acc"]),
-    ("response length (tokens)", ["response_length/mean"]),
-    ("entropy", ["actor/entropy"]),
-    ("pg_clipfrac", ["actor/pg_clipfrac"]),
+    ("reward / accuracy", "score / accuracy", ["critic/score/mean", "critic/acc/mean", "val:acc"]),
+    ("response length", "tokens", ["response_length/mean"]),
+    ("entropy", "nats / token", ["actor/entropy"]),
+    ("pg_clipfrac", "fraction of tokens clipped", ["actor/pg_clipfrac"]),
 ]
+LABELS = {"critic/score/mean": "train score", "critic/acc/mean": "train accuracy",
+          "val:acc": "validation accuracy, mean over datasets", "response_length/mean": "train batch mean",
+          "actor/entropy": "policy entropy (train batch)", "actor/pg_clipfrac": "PPO-clip fraction"}
 COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728"]
 
 
@@ -47,88 +50,48 @@ def load_series(run_dir: str) -> dict[str, list[tuple[float, float]]]:
     return series
 
 
-def plot_matplotlib(series: dict, out: str) -> None:
+def draw(series: dict[str, list[tuple[float, float]]], title: str) -> Any:
+    """A 2x2 matplotlib Figure of ``PANELS`` (titles, axis labels, legends; "no data" on empty panels)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(2, 2, figsize=(10, 7))
-    for ax, (title, keys) in zip(axes.flat, PANELS):
+    fig.suptitle(title)
+    for ax, (name, ylabel, keys) in zip(axes.flat, PANELS):
+        drawn = 0
         for color, key in zip(COLORS, keys):
             if key in series:
                 xs, ys = zip(*series[key])
-                ax.plot(xs, ys, marker="o" if key == "val:acc" else None, color=color, label=key)
-        ax.set_title(title)
+                few = len(xs) < 40
+                ax.plot(xs, ys, color=color, label=f"{LABELS[key]} ({key})" if key in LABELS else key,
+                        marker="o" if (key == "val:acc" or few) else None, markersize=3 if key != "val:acc" else 5)
+                drawn += 1
+        ax.set_title(name)
         ax.set_xlabel("step")
-        ax.legend(fontsize=8)
+        ax.set_ylabel(ylabel)
+        ax.grid(True, alpha=0.3)
+        if drawn:
+            ax.legend(fontsize=8)
+        else:
+            ax.text(0.5, 0.5, "no data", ha="center", va="center", color="gray", transform=ax.transAxes)
     fig.tight_layout()
-    fig.savefig(out, dpi=100)
-
-
-def plot_svg(series: dict, out: str, title: str) -> None:
-    """Four line panels as SVG (axes, ticks, legends), written by hand."""
-    pw, ph, margin = 420, 260, 50
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{2 * pw}" height="{2 * ph + 30}" font-family="sans-serif" font-size="11">',
-             '<rect width="100%" height="100%" fill="white"/>',
-             f'<text x="{pw}" y="18" text-anchor="middle" font-size="14">{escape(title)}</text>']
-    for i, (name, keys) in enumerate(PANELS):
-        ox, oy = (i % 2) * pw, 30 + (i // 2) * ph
-        present = [k for k in keys if k in series]
-        points = [p for k in present for p in series[k]]
-        x0, y0, x1, y1 = ox + margin, oy + ph - 35, ox + pw - 15, oy + 25
-        parts.append(f'<text x="{ox + pw / 2}" y="{oy + 15}" text-anchor="middle" font-size="12">{escape(name)}</text>')
-        parts.append(f'<line x1="{x0}" y1="{y0}" x2="{x1}" y2="{y0}" stroke="black"/><line x1="{x0}" y1="{y0}" x2="{x0}" y2="{y1}" stroke="black"/>')
-        if not points:
-            parts.append(f'<text x="{(x0 + x1) / 2}" y="{(y0 + y1) / 2}" text-anchor="middle" fill="gray">no data</text>')
-            continue
-        xmin, xmax = min(p[0] for p in points), max(p[0] for p in points)
-        ymin, ymax = min(p[1] for p in points), max(p[1] for p in points)
-        xmax, ymax = (xmax if xmax > xmin else xmin + 1), (ymax if ymax > ymin else ymin + 1e-9 + abs(ymin) * 0.1 + 1e-3)
-
-        def sx(x: float) -> float:
-            return x0 + (x - xmin) / (xmax - xmin) * (x1 - x0)
-
-        def sy(y: float) -> float:
-            return y0 - (y - ymin) / (ymax - ymin) * (y0 - y1)
-
-        for t in range(5):
-            yv = ymin + (ymax - ymin) * t / 4
-            xv = xmin + (xmax - xmin) * t / 4
-            parts.append(f'<text x="{x0 - 4}" y="{sy(yv) + 4}" text-anchor="end">{yv:.3g}</text>')
-            parts.append(f'<text x="{sx(xv)}" y="{y0 + 14}" text-anchor="middle">{xv:.0f}</text>')
-        parts.append(f'<text x="{(x0 + x1) / 2}" y="{y0 + 28}" text-anchor="middle">step</text>')
-        for j, key in enumerate(present):
-            color = COLORS[j % len(COLORS)]
-            pts = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in series[key])
-            parts.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.5" points="{pts}"/>')
-            for x, y in series[key] if len(series[key]) < 40 else []:
-                parts.append(f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="2" fill="{color}"/>')
-            parts.append(f'<text x="{x0 + 8}" y="{y1 + 12 * j}" fill="{color}">{escape(key)}</text>')
-    parts.append("</svg>")
-    with open(out, "w", encoding="utf-8") as fh:
-        fh.write("\n".join(parts))
+    return fig
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_dir")
-    parser.add_argument("--out", default=None, help="output file (.png needs matplotlib; .svg always works)")
+    parser.add_argument("--out", default=None, help="output file (default RUN_DIR/curves.png)")
     args = parser.parse_args(argv)
     series = load_series(args.run_dir)
+    out = args.out or os.path.join(args.run_dir, "curves.png")
     try:
-        import matplotlib  # noqa: F401
-
-        have_mpl = True
-    except ImportError:
-        have_mpl = False
-    out = args.out or os.path.join(args.run_dir, "curves.png" if have_mpl else "curves.svg")
-    if out.endswith(".png"):
-        if not have_mpl:
-            raise SystemExit("plot: writing a PNG needs matplotlib (pip install matplotlib); use --out FILE.svg")
-        plot_matplotlib(series, out)
-    else:
-        plot_svg(series, out, title=os.path.basename(os.path.abspath(args.run_dir)))
+        fig = draw(series, title=os.path.basename(os.path.abspath(args.run_dir)))
+    except ImportError as exc:
+        raise SystemExit(f"plot: matplotlib is needed (a dependency of jaxrl_hf; pip install -e .): {exc}") from exc
+    fig.savefig(out, dpi=100)
     print(out)
     return 0
 

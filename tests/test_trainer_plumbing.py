@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -66,19 +67,51 @@ def test_ptx_examples_are_prompt_response_pairs():
     assert ptx["position_ids"][i][att.astype(bool)].tolist() == list(range(int(att.sum())))
 
 
-def test_plot_writes_an_image(tmp_path):
+def _load_plot_module():
+    spec = importlib.util.spec_from_file_location("launch_plot", os.path.join(REPO, "launch", "plot.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_plot_writes_a_png_of_the_run_curves(tmp_path):
     with open(tmp_path / "metrics.jsonl", "w") as fh:
         for step in range(1, 5):
             fh.write(json.dumps({"step": step, "critic/score/mean": step / 4, "response_length/mean": 10 + step,
                                  "actor/entropy": 1 / step, "actor/pg_clipfrac": 0.01 * step}) + "\n")
     with open(tmp_path / "validation.jsonl", "w") as fh:
-        fh.write(json.dumps({"step": 0, "val-core/arithmetic/acc/mean@1": 0.1}) + "\n")
-        fh.write(json.dumps({"step": 4, "val-core/arithmetic/acc/mean@1": 0.3}) + "\n")
+        fh.write(json.dumps({"step": 0, "val-core/arithmetic/acc/mean@1": 0.1, "val-core/gsm8k/acc/mean@1": 0.3}) + "\n")
+        fh.write(json.dumps({"step": 4, "val-core/arithmetic/acc/mean@1": 0.3, "val-core/gsm8k/acc/mean@1": 0.5}) + "\n")
     proc = subprocess.run([sys.executable, os.path.join(REPO, "launch", "plot.py"), str(tmp_path)],
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout.strip()
-    assert os.path.getsize(out) > 1000
-    if out.endswith(".svg"):
-        text = open(out).read()
-        assert text.count("<polyline") == 5 and "val:acc" in text and "pg_clipfrac" in text
+    assert out == str(tmp_path / "curves.png")
+    with open(out, "rb") as fh:
+        assert fh.read(8) == b"\x89PNG\r\n\x1a\n"
+    assert os.path.getsize(out) > 20_000  # four panels with text and lines, not an empty canvas
+    import matplotlib.image
+
+    pixels = matplotlib.image.imread(out)
+    assert pixels.shape[:2] == (700, 1000) and float(pixels[..., :3].std()) > 0.05
+
+    plot = _load_plot_module()
+    series = plot.load_series(str(tmp_path))
+    assert series["val:acc"] == [(0, 0.2), (4, 0.4)]  # mean over the validation datasets
+    fig = plot.draw(series, title="run")
+    titles = [ax.get_title() for ax in fig.axes]
+    assert titles == [name for name, _, _ in plot.PANELS]
+    lines = {line.get_label(): line for ax in fig.axes for line in ax.get_lines()}
+    assert len(lines) == 5 and all(ax.get_legend() is not None for ax in fig.axes)
+    assert list(lines["validation accuracy, mean over datasets (val:acc)"].get_xdata()) == [0, 4]
+    assert all(ax.get_xlabel() == "step" and ax.get_ylabel() for ax in fig.axes)
+
+
+def test_plot_marks_a_panel_without_data_and_fails_clearly_without_metrics(tmp_path):
+    plot = _load_plot_module()
+    fig = plot.draw({"critic/score/mean": [(1, 0.5), (2, 0.7)]}, title="run")
+    assert [t.get_text() for t in fig.axes[3].texts] == ["no data"] and fig.axes[3].get_legend() is None
+    (tmp_path / "metrics.jsonl").write_text("")
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "launch", "plot.py"), str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "no records in" in proc.stderr

@@ -80,6 +80,8 @@ class TinyModelConfig:
     num_heads: int = 4
     num_kv_heads: int = 2
     intermediate_size: int = 128
+    head_dim: Optional[int] = None
+    """Default ``hidden_size // num_heads``; vLLM's CPU attention needs >= 32 (``rollout.name=vllm``)."""
 
 
 @dataclass
@@ -123,6 +125,11 @@ class RolloutCorrectionConfig:
 
     level: Optional[Literal["token", "sequence", "geometric"]] = None
     threshold: float = 2.0
+    bypass_mode: bool = False
+    """Use the sampler's log-probs (``rollout_log_probs``) as π_old and skip ``actor.compute_log_prob`` (verl's
+    bypass mode): one forward pass less per step. Right when the rollout engine computes the trainer's
+    log-probs (mismatch ~1e-6 here, ``rollout_corr/*``); the mismatch metrics then read 0, and ``level``
+    has nothing to correct, so the two are exclusive."""
 
 
 @dataclass
@@ -150,6 +157,10 @@ class ActorConfig:
     """Rows per device when computing log-probs (default: ``ppo_micro_batch_size_per_device``)."""
     ptx_coef: float = 0.0
     """Safe-RLHF / InstructGPT pre-training (ptx) loss weight; > 0 needs ``data.ptx_files`` rows."""
+    offload_optimizer: bool = False
+    """Keep the optimizer state (Adam moments, 2x the fp32 params) in host memory outside ``update_actor``
+    (verl's ``actor.fsdp_config.optimizer_offload``): moved off the devices after each update, back before
+    the next update or a checkpoint save/load; results are bit-identical (``jaxrl_hf.workers.offload``)."""
     optim: OptimConfig = field(default_factory=OptimConfig)
     rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
 
@@ -182,7 +193,31 @@ class RolloutConfig:
     response_length: Optional[int] = None
     """Default: ``data.max_response_length``."""
     seed: int = 0
+    """Sampling seed (per step, call and dp rank; with ``name=vllm`` also vLLM's engine seed)."""
     val: RolloutValConfig = field(default_factory=RolloutValConfig)
+    # vLLM engine options (``name=vllm`` only; null = the engine's default, see
+    # ``jaxrl_hf.rollout.vllm_engine.VllmOptions``). verl's names where it has them.
+    tensor_parallel_size: Optional[int] = None
+    """vLLM tensor parallel size for one generation TP group (GPU; CPU supports 1)."""
+    gpu_memory_utilization: Optional[float] = None
+    """GPU share for vLLM's weights + KV cache (GPU only; default 0.5)."""
+    kv_cache_gib: Optional[float] = None
+    """vLLM KV cache size in GiB (CPU default 1)."""
+    max_model_len: Optional[int] = None
+    max_num_seqs: Optional[int] = None
+    enforce_eager: Optional[bool] = None
+    """No torch.compile / CUDA graphs (default true: faster start)."""
+    enable_prefix_caching: Optional[bool] = None
+    enable_sleep_mode: Optional[bool] = None
+    """Free vLLM's KV cache between rollouts (default: on where supported, i.e. CUDA; CPU cannot)."""
+    sleep_level: Optional[int] = None
+    sleep_after_generate: Optional[bool] = None
+    logprobs_mode: Optional[str] = None
+    """vLLM log-prob mode: ``processed_logprobs`` (default) or ``raw_logprobs``."""
+    allow_inexact_logprobs: Optional[bool] = None
+    dtype: Optional[str] = None
+    """vLLM compute dtype (default: ``model.dtype``)."""
+    distributed_executor_backend: Optional[str] = None
 
 
 @dataclass
@@ -363,8 +398,12 @@ class ParallelSizes:
 
 @dataclass
 class GenerateParallelSizes:
-    pp: int = 1
-    tp: int = 1
+    """Generation layout ``p_g``/``t_g`` of the actor (3D-HybridEngine, HybridFlow §2.5): each must divide the
+    training ``pp``/``tp``; ``d_g = pp·tp/(p_g·t_g)`` becomes micro data parallelism during rollouts.
+    Null (default) or equal to ``placement.train``'s: generate on the training mesh, no reshard."""
+
+    pp: Optional[int] = None
+    tp: Optional[int] = None
 
 
 @dataclass

@@ -49,9 +49,13 @@ def check_placement(config: RunConfig) -> None:
             f"*placement.devices_per_process={devices}"
         )
     for name, size, train_size in (("pp", p.generate.pp, p.train.pp), ("tp", p.generate.tp, p.train.tp)):
+        if size is None:  # same as training
+            continue
         _positive(f"placement.generate.{name}", size)
         if train_size % size:
-            _fail(f"placement.generate.{name}", size, f"must divide placement.train.{name}={train_size} (3D-HybridEngine)")
+            valid = [k for k in range(1, train_size + 1) if train_size % k == 0]
+            _fail(f"placement.generate.{name}", size,
+                  f"must divide placement.train.{name}={train_size} (3D-HybridEngine); valid: {valid}")
 
 
 def check_batch_arithmetic(config: RunConfig) -> None:
@@ -139,6 +143,10 @@ def check_actor(config: RunConfig) -> None:
             _fail(f"{role}.optim.min_lr_ratio", optim.min_lr_ratio, "must be in [0, 1]")
     if a.rollout_correction.level is not None:
         _positive("actor.rollout_correction.threshold", a.rollout_correction.threshold)
+        if a.rollout_correction.bypass_mode:
+            _fail("actor.rollout_correction.bypass_mode", True,
+                  "makes old_log_probs the rollout log-probs, so actor.rollout_correction.level has nothing to "
+                  "correct; set one of them")
     r = config.rollout
     if not r.temperature > 0:
         _fail("rollout.temperature", r.temperature, "must be > 0 (use rollout.val.greedy for greedy decoding)")

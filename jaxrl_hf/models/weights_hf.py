@@ -88,6 +88,40 @@ def _expected_layer_shapes(config: DecoderConfig) -> dict[str, tuple[int, ...]]:
     }
 
 
+def _to_hf_view(kind: str, x: Any) -> Any:
+    """``_to_hf`` without the contiguous copy: a transposed/reshaped view (numpy or torch alike)."""
+    if kind == "in_proj":  # [E, H, D] -> [H*D, E]
+        return x.reshape(x.shape[0], -1).T
+    if kind == "out_proj":  # [H, D, E] -> [E, H*D]
+        return x.reshape(-1, x.shape[-1]).T
+    if kind == "linear":
+        return x.T
+    if kind == "head_bias":
+        return x.reshape(-1)
+    return x
+
+
+def iter_hf_tensor_views(params: Params, config: DecoderConfig,
+                         to_array: Any = np.asarray) -> Iterator[tuple[str, Any]]:
+    """Stream ``(hf_name, view)`` per HF tensor, layer by layer, without building the whole state dict.
+
+    ``to_array`` turns each param leaf (a stacked ``[layers, ...]`` array) into an array type that
+    supports ``[i]``, ``reshape`` and ``.T`` as views (numpy, or ``torch.from_dlpack`` for zero-copy
+    torch tensors); it is called once per leaf. Views are in HF layout but generally not contiguous.
+    Order: embedding, then all tensors of layer 0, layer 1, ..., then the final norm and ``lm_head``.
+    """
+    model = params["model"]
+    yield "model.embed_tokens.weight", to_array(model["embed_tokens"]["embedding"])
+    entries = _layer_entries(config)
+    stacked = [to_array(_get(model["layers"], path)) for _, path, _ in entries]
+    for i in range(config.num_hidden_layers):
+        for (suffix, _, kind), leaf in zip(entries, stacked):
+            yield f"model.layers.{i}.{suffix}", _to_hf_view(kind, leaf[i])
+    yield "model.norm.weight", to_array(model["norm"]["scale"])
+    if not config.tie_word_embeddings:
+        yield "lm_head.weight", to_array(params["lm_head"]["kernel"]).T
+
+
 def params_to_hf_state_dict(params: Params, config: DecoderConfig) -> dict[str, np.ndarray]:
     """HF-named numpy state dict (``model.layers.{i}.self_attn.q_proj.weight`` ...) from ``params``."""
     host = jax.device_get(params)

@@ -8,6 +8,11 @@ batch to a batch bucket, and runs one compiled program: prefill over the prompt,
 Buckets bound recompilation: calls whose (batch bucket, length bucket, max_new_tokens, top_k,
 greedy, logprobs mode, stop ids) agree reuse the compiled program; temperature, top-p and the seed
 are runtime values.
+
+Several JAX processes (a mesh whose devices belong to more than one process, ``jax.distributed``): every
+process calls ``generate`` with *its own* prompts, in lockstep, and gets back only its own rows — see
+`jaxrl_hf.rollout.multiprocess` for the row-group contract, the cross-process agreement on buckets and
+the seeds (a row's key is ``fold_in(seed, global row index)``, as with one process).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from jaxrl_hf.models.config import DecoderConfig
 from jaxrl_hf.models.forward import make_module, param_shardings
 from jaxrl_hf.models.llama import (KV_CACHE_LOGICAL_AXES, CausalLM, default_positions, init_kv_cache,
                                    write_kv_cache)
+from jaxrl_hf.rollout import multiprocess as mp
 from jaxrl_hf.rollout.sampling import LOGPROBS_MODES, sample_tokens
 
 DEFAULT_LENGTH_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
@@ -87,6 +93,30 @@ def _bucket(value: int, buckets: Sequence[int], what: str, multiple: int = 1) ->
         raise ValueError(f"{what} {value} exceeds the largest bucket {buckets[-1]}; pass larger buckets")
     size = buckets[i]
     return -(-size // multiple) * multiple
+
+
+def left_pad_prompts(prompts: Sequence[Sequence[int]], pad_token_id: int, vocab_size: int,
+                     length_buckets: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """``(ids, mask)`` ``[B, P]`` int32: prompts left-padded to the smallest length bucket ``P`` that fits.
+
+    Empty prompts, token ids outside ``[0, vocab_size)`` and prompts longer than the largest bucket raise.
+    """
+    if len(prompts) == 0:
+        raise ValueError("generate: empty prompt list")
+    lengths = [len(p) for p in prompts]
+    for i, n in enumerate(lengths):
+        if n == 0:
+            raise ValueError(f"generate: prompt {i} is empty")
+    width = _bucket(max(lengths), tuple(sorted(length_buckets)), "prompt length")
+    ids = np.full((len(prompts), width), pad_token_id, np.int32)
+    mask = np.zeros((len(prompts), width), np.int32)
+    for i, p in enumerate(prompts):
+        arr = np.asarray(p, np.int64)
+        if arr.min() < 0 or arr.max() >= vocab_size:
+            raise ValueError(f"generate: prompt {i} has token ids outside [0, {vocab_size})")
+        ids[i, width - len(p):] = arr
+        mask[i, width - len(p):] = 1
+    return ids, mask
 
 
 def _generate_program(params: Any, prompt_ids: jnp.ndarray, prompt_mask: jnp.ndarray, row_valid: jnp.ndarray,
@@ -161,6 +191,8 @@ class JaxGenerationEngine:
     placed by ``param_shardings`` and prompts/KV cache are sharded on the ``batch`` logical axis.
     """
 
+    engine_name = "jax"
+
     def __init__(self, config: DecoderConfig, params: Any, *, pad_token_id: int,
                  eos_token_ids: Sequence[int] = (), mesh: jax.sharding.Mesh | None = None, rules: Any = None,
                  length_buckets: Sequence[int] = DEFAULT_LENGTH_BUCKETS,
@@ -183,10 +215,16 @@ class JaxGenerationEngine:
         def program(*args: Any, **kwargs: Any) -> tuple:  # a per-engine function: a per-engine jit cache
             return _generate_program(*args, **kwargs)
 
-        self._program = jax.jit(
-            program,
-            static_argnames=("module", "config", "max_new", "top_k", "use_top_p", "greedy", "logprobs_mode",
-                             "stop_ids", "pad_id", "cache_dtype"))
+        statics = ("module", "config", "max_new", "top_k", "use_top_p", "greedy", "logprobs_mode", "stop_ids",
+                   "pad_id", "cache_dtype")
+        self._program = jax.jit(program, static_argnames=statics)
+
+        def keyed_program(params: Any, ids: Any, mask: Any, valid: Any, key_data: Any, *args: Any,
+                          **kwargs: Any) -> tuple:  # several processes: keys arrive as a global uint32 array
+            return _generate_program(params, ids, mask, valid, jax.random.wrap_key_data(key_data), *args, **kwargs)
+
+        self._keyed_program = jax.jit(keyed_program, static_argnames=statics)
+        self.multi_process = mesh is not None and len({d.process_index for d in mesh.devices.flat}) > 1
         self.params = None
         self.set_params(params)
 
@@ -200,7 +238,7 @@ class JaxGenerationEngine:
     @property
     def num_compilations(self) -> int:
         """How many distinct programs have been compiled (the jit cache size)."""
-        return int(self._program._cache_size())
+        return int(self._program._cache_size()) + int(self._keyed_program._cache_size())
 
     def _place_batch(self, x: np.ndarray) -> jax.Array:
         if self.mesh is None:
@@ -209,25 +247,20 @@ class JaxGenerationEngine:
         return jax.device_put(x, jax.sharding.NamedSharding(self.mesh, spec))
 
     def _left_pad(self, prompts: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
-        if len(prompts) == 0:
-            raise ValueError("generate: empty prompt list")
-        lengths = [len(p) for p in prompts]
-        for i, n in enumerate(lengths):
-            if n == 0:
-                raise ValueError(f"generate: prompt {i} is empty")
-        width = _bucket(max(lengths), self.length_buckets, "prompt length")
-        ids = np.full((len(prompts), width), self.pad_token_id, np.int32)
-        mask = np.zeros((len(prompts), width), np.int32)
-        for i, p in enumerate(prompts):
-            arr = np.asarray(p, np.int64)
-            if arr.min() < 0 or arr.max() >= self.config.vocab_size:
-                raise ValueError(f"generate: prompt {i} has token ids outside [0, {self.config.vocab_size})")
-            ids[i, width - len(p):] = arr
-            mask[i, width - len(p):] = 1
-        return ids, mask
+        return left_pad_prompts(prompts, self.pad_token_id, self.config.vocab_size, self.length_buckets)
 
-    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams = SamplingParams()) -> GenerationOutput:
-        """Sample ``sampling.n`` responses per prompt (lists of token ids, unpadded)."""
+    def sleep(self) -> None:
+        """Nothing to free: the KV cache lives only inside one ``generate`` call (same interface as vLLM's)."""
+
+    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams = SamplingParams(), *,
+                 row_group: tuple[int, int] | None = None) -> GenerationOutput:
+        """Sample ``sampling.n`` responses per prompt (lists of token ids, unpadded).
+
+        On a mesh spanning several processes ``prompts`` are this process's rows and every process must
+        call at once; ``row_group = (rank, size)`` places them in the global batch (default: by the
+        process's batch shards; `jaxrl_hf.rollout.multiprocess`). One process: ``row_group`` is ignored."""
+        if self.multi_process:
+            return self._generate_multiprocess(prompts, sampling, row_group)
         ids, mask = self._left_pad(prompts)
         ids, mask = np.repeat(ids, sampling.n, axis=0), np.repeat(mask, sampling.n, axis=0)
         rows = ids.shape[0]
@@ -241,8 +274,7 @@ class JaxGenerationEngine:
         valid = np.arange(batch) < rows
         base = jax.random.key(sampling.seed)
         row_keys = jax.vmap(jax.random.fold_in, (None, 0))(base, jnp.arange(batch))
-        stop_ids = tuple(sorted(set(self.eos_token_ids) | set(sampling.stop_token_ids)))
-        temperature = 1.0 if sampling.is_greedy else float(sampling.temperature)
+        stop_ids, temperature = self._stop_ids(sampling), self._temperature(sampling)
         tokens, out_mask, logp, stopped = self._program(
             self.params, self._place_batch(ids_b), self._place_batch(mask_b), self._place_batch(valid),
             row_keys, jnp.float32(temperature), jnp.float32(sampling.top_p), module=self._module,
@@ -254,3 +286,61 @@ class JaxGenerationEngine:
             prompt_ids=ids, prompt_mask=mask, response_ids=np.asarray(tokens[:rows]),
             response_mask=np.asarray(out_mask[:rows]), log_probs=np.asarray(logp[:rows], np.float32),
             finish_reason=["stop" if s else "length" for s in stopped[:rows]])
+
+    # ------------------------------------------------------------------------------------------
+    def _stop_ids(self, sampling: SamplingParams) -> tuple[int, ...]:
+        return tuple(sorted(set(self.eos_token_ids) | set(sampling.stop_token_ids)))
+
+    @staticmethod
+    def _temperature(sampling: SamplingParams) -> float:
+        return 1.0 if sampling.is_greedy else float(sampling.temperature)
+
+    def _generate_multiprocess(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams,
+                               row_group: tuple[int, int] | None) -> GenerationOutput:
+        """One SPMD program over every process's rows; this process's rows back (module docstring)."""
+        slabs = mp.process_batch_slabs(self.mesh, self.rules)
+        me = jax.process_index()
+        try:  # every process learns of any process's bad input before anyone raises (no one left waiting)
+            ids, mask = self._left_pad(prompts)
+            local = mp.LocalRows.of(prompts, sampling.n, row_group, slabs, me)
+            error = None
+        except ValueError as err:
+            ids = mask = None
+            local, error = mp.LocalRows.failed(), err
+        plan = mp.agree(local, slabs, me, error)
+        width = _bucket(plan.max_prompt_len, self.length_buckets, "prompt length")
+        if width + sampling.max_new_tokens > self.config.max_position_embeddings:
+            raise ValueError(f"generate: prompt bucket {width} + max_new_tokens {sampling.max_new_tokens} "
+                             f"exceeds max_position_embeddings {self.config.max_position_embeddings}")
+        k = len(slabs[me])
+        local_batch = _bucket(plan.max_rows, self.batch_buckets, "batch size per row group (prompts x n)", k)
+        rows = local.rows
+        ids = np.repeat(np.pad(ids, ((0, 0), (width - ids.shape[1], 0)), constant_values=self.pad_token_id),
+                        sampling.n, axis=0)
+        mask = np.repeat(np.pad(mask, ((0, 0), (width - mask.shape[1], 0))), sampling.n, axis=0)
+        pad_rows = local_batch - rows
+        ids_b = np.concatenate([ids, np.full((pad_rows, width), self.pad_token_id, np.int32)])
+        mask_b = np.concatenate([mask, np.zeros((pad_rows, width), np.int32)])
+        valid = np.arange(local_batch) < rows
+        # the key of a row is fold_in(seed, its index in the concatenated batch): as with one process
+        index = plan.offset + np.arange(local_batch)
+        keys = jax.vmap(jax.random.fold_in, (None, 0))(jax.random.key(sampling.seed), jnp.asarray(index))
+        global_rows = plan.num_groups * local_batch
+        place = lambda x: self._place_local(x, global_rows)  # noqa: E731
+        out = self._keyed_program(
+            self.params, place(ids_b), place(mask_b), place(valid), place(np.asarray(jax.random.key_data(keys))),
+            np.float32(self._temperature(sampling)), np.float32(sampling.top_p), module=self._module,
+            config=self.config, max_new=int(sampling.max_new_tokens), top_k=int(sampling.top_k),
+            use_top_p=sampling.top_p < 1.0, greedy=sampling.is_greedy, logprobs_mode=sampling.logprobs_mode,
+            stop_ids=self._stop_ids(sampling), pad_id=self.pad_token_id, cache_dtype=self.cache_dtype)
+        tokens, out_mask, logp, stopped = (mp.local_rows(x)[:rows] for x in out)
+        return GenerationOutput(
+            prompt_ids=ids, prompt_mask=mask, response_ids=tokens.astype(np.int32),
+            response_mask=out_mask.astype(np.int32), log_probs=logp.astype(np.float32),
+            finish_reason=["stop" if s else "length" for s in stopped])
+
+    def _place_local(self, x: np.ndarray, global_rows: int) -> jax.Array:
+        """This process's rows of a batch-sharded global array of ``global_rows`` rows."""
+        spec = nn.logical_to_mesh_axes(("batch",) + (None,) * (x.ndim - 1), self.rules)
+        sharding = jax.sharding.NamedSharding(self.mesh, spec)
+        return jax.make_array_from_process_local_data(sharding, x, (global_rows,) + x.shape[1:])

@@ -112,8 +112,14 @@ class StepContext:
         return out
 
     def old_log_prob(self, batch: Batch) -> Batch:
-        """``actor.compute_log_prob`` -> ``old_log_probs`` (+ ``entropys``)."""
+        """``actor.compute_log_prob`` -> ``old_log_probs`` (+ ``entropys``); with
+        ``actor.rollout_correction.bypass_mode`` the sampler's ``rollout_log_probs`` instead (no pass)."""
         batch = self.balance(batch)
+        if self.config.actor.rollout_correction.bypass_mode:
+            if "rollout_log_probs" not in batch:
+                raise KeyError("actor.rollout_correction.bypass_mode needs the rollout's 'rollout_log_probs'; "
+                               f"columns: {batch.keys()}")
+            return batch.union(Batch.from_dict({"old_log_probs": np.asarray(batch["rollout_log_probs"], np.float32)}))
         with self.timer("old_log_prob"):
             out = self.roles.actor.compute_log_prob(batch)
         return batch.union(out.select([k for k in ("old_log_probs", "entropys") if k in out], []))

@@ -10,15 +10,28 @@ columns repeated ``n`` times, interleaved, and ``uid``); ``compute_log_prob`` ad
 ``entropys``; ``compute_ref_log_prob`` adds ``ref_log_prob``; ``update_actor`` reads ``old_log_probs``,
 ``advantages`` (+ ``ref_log_prob`` with a KL loss, ``rollout_log_probs`` with rollout correction) and
 returns an empty Batch whose ``meta_info["metrics"]`` holds verl-named floats.
+
+Rollout engine: ``rollout.name`` through `jaxrl_hf.rollout.make_rollout_engine` (``jax``: the native engine;
+``vllm``: vLLM in this process, fed the actor's weights in place after every update; its options are the
+``rollout`` keys named in ``VllmOptions``). Generation layout (native engine): with ``placement.generate``
+(``p_g``, ``t_g``) equal to ``placement.train``'s pp/tp (or unset) the engine runs on the training mesh;
+otherwise each rollout reshards the training params to the generation layout with the 3D-HybridEngine
+(`jaxrl_hf.workers.generation_layout`), generates on the generation mesh (batch over ``dg``·``dp``) and
+slices the training params back, freeing the generation copy. vLLM keeps its own copy of the weights and
+runs TP=1 on CPU, so with ``rollout.name=vllm`` no generation mesh is built: each weight sync streams the
+training-layout leaves, gathering a sharded leaf to one host buffer at a time (``rollout.weight_sync``).
+``actor.offload_optimizer`` keeps the optimizer state in host memory outside ``update_actor``
+(`jaxrl_hf.workers.offload`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import shutil
 import time
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -26,14 +39,16 @@ import numpy as np
 
 import mesh as meshlib
 from jaxrl_hf.controller import PAD_ROWS_KEY, Batch, Dispatch, Worker, register
-from jaxrl_hf.models import save_hf_dir
-from jaxrl_hf.rollout import JaxGenerationEngine, SamplingParams
+from jaxrl_hf.models import param_logical_axes, save_hf_dir
+from jaxrl_hf.rollout import ENGINE_NAMES, JaxGenerationEngine, SamplingParams, make_rollout_engine
 from jaxrl_hf.workers import checkpoint as ckpt
 from jaxrl_hf.workers.common import (LoadedModel, WorkerConfigError, chunked_apply, copy_tokenizer_files, get,
                                      lm_param_shardings, load_model, to_global, train_parallel)
+from jaxrl_hf.workers.generation_layout import GenerationLayout, generation_parallel
 from jaxrl_hf.workers.losses import (ACTOR_SUMMED_METRICS, ActorLossConfig, actor_loss, lm_log_prob_fn,
                                      response_denominator)
 from jaxrl_hf.workers.minibatch import MiniBatchPlan, iterate_minibatches, mean_metrics
+from jaxrl_hf.workers.offload import OptimizerOffload
 from jaxrl_hf.workers.optim import OptimConfig, make_optimizer
 from jaxrl_hf.workers.protocols import MESH_DP_MERGE
 from jaxrl_hf.workers.train_step import TrainState, init_train_state, make_train_step, train_state_shardings
@@ -69,7 +84,8 @@ def _log_probs_program(params: Any, micro: Mapping[str, jax.Array], temperature:
 
 
 class ActorRolloutRefWorker(Worker):
-    """Actor + rollout + reference of one policy, on one ``('pp','tp','dp')`` mesh over the pool's devices.
+    """Actor + rollout + reference of one policy, on one ``('pp','tp','dp')`` mesh over the pool's devices
+    (plus, when ``placement.generate`` differs from the training pp/tp, a generation mesh over the same devices).
 
     ``config``: the validated nested dict (``model``, ``actor``, ``rollout``, ``placement``, ...).
     Call ``init_model()`` once before anything else.
@@ -81,13 +97,16 @@ class ActorRolloutRefWorker(Worker):
         self.config, self.worker_role = config, role
         self.has_actor, self.has_ref = role != "ref", role in ("actor_rollout_ref", "ref")
         self.train = train_parallel(get(config, "placement", {}))
-        generate = get(config, "placement.generate", {}) or {}
-        if (int(generate.get("pp", self.train.pp)), int(generate.get("tp", self.train.tp))) != (self.train.pp, self.train.tp):
-            raise WorkerConfigError(
-                f"placement.generate={dict(generate)} differs from placement.train pp/tp ({self.train.pp}, "
-                f"{self.train.tp}): the hybrid-engine generation layout is not wired into the actor yet; "
-                "set placement.generate.pp/tp equal to placement.train")
+        self.gen = generation_parallel(get(config, "placement", {}), self.train)  # None: generate on the train mesh
+        offload = get(config, "actor.offload_optimizer", False)
+        if not isinstance(offload, bool):
+            raise WorkerConfigError(f"actor.offload_optimizer={offload!r}: must be true or false")
+        self.offload = OptimizerOffload() if offload and self.has_actor else None
         self.mesh = meshlib.build_train_mesh(self.train, meshlib.ordered_devices())
+        self.layout: GenerationLayout | None = None
+        self.engine_name = get(config, "rollout.name", "jax")
+        if self.engine_name not in ENGINE_NAMES:
+            raise WorkerConfigError(f"rollout.name={self.engine_name!r}; valid: {list(ENGINE_NAMES)}")
         self.model: LoadedModel | None = None
         self.state: TrainState | None = None
         self.ref_params: Any = None
@@ -114,7 +133,13 @@ class ActorRolloutRefWorker(Worker):
         engine and (for roles with a reference) the frozen reference copy. Returns a small summary."""
         self.model = load_model(get(self.config, "model"))
         config = self.model.config
-        shardings = lm_param_shardings(config, self.model.params, self.mesh)
+        shardings = lm_param_shardings(config, self.model.params, self.mesh, self.gen)
+        if self.gen is not None and self.has_actor and self.engine_name == "jax":
+            shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), jnp.asarray(x).dtype), self.model.params)
+            self.layout = GenerationLayout.build(self.gen, param_logical_axes(config), shapes,
+                                                 meshlib.ordered_devices())
+            self.layout.check_train_shardings(shardings)
+            self._check_generation_rows()
         params = jax.device_put(self.model.params, shardings)
         self.model.params = None  # the placed copy is the only one
         self.log_prob_fn = lm_log_prob_fn(config, self.mesh, meshlib.train_activation_rules())
@@ -132,11 +157,96 @@ class ActorRolloutRefWorker(Worker):
             self._train_step = make_train_step(loss_fn, self.optim, optimizer=optimizer,
                                                denominator_fn=response_denominator(self.loss_cfg.loss_agg_mode),
                                                summed_aux=ACTOR_SUMMED_METRICS, state_shardings=state_shardings)
-            self.engine = JaxGenerationEngine(config, self.state.params, pad_token_id=self.model.pad_token_id,
-                                              eos_token_ids=self.model.eos_token_ids, mesh=self.mesh,
-                                              rules=meshlib.train_activation_rules())
-        return {"role": self.worker_role, "num_params": int(sum(np.prod(x.shape) for x in jax.tree.leaves(params))),
-                "devices": jax.device_count(), "mesh": dict(self.mesh.shape)}
+            self.engine = self._build_engine()
+            if self.offload is not None:
+                self.state = self.offload.offload(self.state)
+        summary = {"role": self.worker_role, "num_params": int(sum(np.prod(x.shape) for x in jax.tree.leaves(params))),
+                   "devices": jax.device_count(), "mesh": dict(self.mesh.shape)}
+        if self.layout is not None:
+            summary["generation"] = self.layout.describe()
+        return summary
+
+    def _engine_options(self) -> dict[str, Any] | None:
+        """vLLM options: the ``rollout`` keys that ``VllmOptions`` names (unset/null ones left out)."""
+        if self.engine_name != "vllm":
+            return None
+        from jaxrl_hf.rollout.vllm_engine import VllmOptions
+
+        rollout = get(self.config, "rollout")
+        options = {k: rollout[k] for k in VllmOptions.valid_keys() if rollout.get(k) is not None}
+        if "logprobs_mode" not in options:
+            # The sampler log-probs must be log-softmax(logits / T) without top-k/top-p renormalisation (what
+            # the trainer recomputes). vLLM fixes its mode per engine: at T = 1 for training and validation,
+            # ``raw_logprobs`` is exactly that whatever top-k/top-p are; otherwise ``processed_logprobs`` is,
+            # as long as top-k/top-p are off (the engine raises on a call where neither is exact).
+            temps = {float(rollout.get("temperature", 1.0)), float((rollout.get("val") or {}).get("temperature", 1.0))}
+            options["logprobs_mode"] = "raw_logprobs" if temps == {1.0} else "processed_logprobs"
+        return options
+
+    def _build_engine(self) -> Any:
+        """``rollout.name``'s engine on the generation mesh (the training mesh when the layouts are equal).
+
+        With a hybrid layout the native engine is handed the generation-layout params of each rollout as
+        they are (see `_generate`); the placed copy made at construction is dropped at once."""
+        mesh, rules = ((self.layout.mesh, self.layout.activation_rules) if self.layout is not None
+                       else (self.mesh, meshlib.train_activation_rules()))
+        try:
+            engine = make_rollout_engine(self.engine_name, config=self.model.config, params=self.state.params,
+                                         pad_token_id=self.model.pad_token_id, eos_token_ids=self.model.eos_token_ids,
+                                         mesh=mesh, rules=rules, model_dir=self.model.path,
+                                         tokenizer_dir=self.model.path, options=self._engine_options())
+        except ValueError as err:
+            raise WorkerConfigError(f"rollout.name={self.engine_name!r}: {err}") from err
+        if self.layout is not None:
+            if not isinstance(engine, JaxGenerationEngine):  # pragma: no cover - guarded by __init__
+                raise WorkerConfigError(f"rollout.name={self.engine_name!r} has no JAX generation layout")
+            engine.params = None
+        return engine
+
+    def _check_generation_rows(self) -> None:
+        """Several processes + a generation layout: every process's rows (its training dp shard) must live on
+        the generation-mesh batch shards of its own devices (`jaxrl_hf.rollout.multiprocess`); else a clear
+        config error now rather than at the first rollout."""
+        if jax.process_count() == 1:
+            return
+        from jaxrl_hf.controller.layout import coords_from_mesh
+        from jaxrl_hf.rollout import multiprocess
+
+        slabs = multiprocess.process_batch_slabs(self.layout.mesh, self.layout.activation_rules)
+        groups = {p: coords_from_mesh(self.mesh, p).dp_rank for p in slabs}
+        try:
+            multiprocess.check_row_groups(slabs, groups)
+        except ValueError as err:
+            raise WorkerConfigError(
+                f"placement.num_processes={jax.process_count()} with placement.generate={self.gen.label()} over "
+                f"placement.train={self.train.label()}: {err}. Keep each training replica's generation micro-DP "
+                "group inside one process (a placement.generate whose micro-DP groups stay on one process), use "
+                "placement.num_processes=1, or leave placement.generate unset") from None
+
+    def _generate(self, prompts: list[list[int]], sampling: SamplingParams) -> Any:
+        """Run the engine; with a hybrid layout, inside a training -> generation -> training reshard.
+
+        The reshard consumes the training params (every device's generation shard contains its training
+        shard) and `GenerationLayout.to_training` slices them back bit-identically and frees the generation
+        copy, also when generation fails, so the actor's state is never left without params."""
+        kwargs = {}
+        if getattr(self.engine, "multi_process", False):  # native engine over several processes: rows by dp rank
+            coords = self.mesh_coords()
+            kwargs["row_group"] = (coords.dp_rank, coords.dp_size)
+        if self.layout is None:
+            try:
+                return self.engine.generate(prompts, sampling, **kwargs)
+            finally:
+                self.engine.sleep()
+        gen_params = self.layout.to_generation(self.state.params)
+        try:
+            # already laid out on the engine's mesh: used as they are (set_params would re-place a copy)
+            self.engine.params = gen_params
+            return self.engine.generate(prompts, sampling, **kwargs)
+        finally:
+            self.engine.params = None
+            self.engine.sleep()
+            self.state = self.state._replace(params=self.layout.to_training(gen_params))
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
     def set_step(self, step: int) -> None:
@@ -150,10 +260,17 @@ class ActorRolloutRefWorker(Worker):
         pick = lambda key, default: meta.get(key, base.get(key, rollout.get(key, default)))  # noqa: E731
         greedy = bool(pick("greedy", False))
         seed = meta.get("seed")
+        # The native engine runs one SPMD batch over all processes and keys each row by its global index, so
+        # its seed is the same on every process (dp rank 0's: what one process uses). vLLM runs one engine per
+        # process over its own rows (keyed by local index), so there the dp rank goes into the seed.
+        coords = self.mesh_coords()
+        rank = coords.dp_rank if self.engine_name != "jax" else 0
         if seed is None:
-            words = [int(rollout.get("seed", 0)), self.global_step, self._gen_calls,
-                     self.mesh_coords().dp_rank, int(bool(meta.get("validate")))]
+            words = [int(rollout.get("seed", 0)), self.global_step, self._gen_calls, rank,
+                     int(bool(meta.get("validate")))]
             seed = int(np.random.SeedSequence(words).generate_state(1)[0])
+        elif self.engine_name != "jax" and coords.dp_size > 1:
+            seed = int(np.random.SeedSequence([int(seed) & 0xFFFFFFFF, rank]).generate_state(1)[0])
         try:
             return SamplingParams(temperature=float(pick("temperature", 1.0)), top_p=float(pick("top_p", 1.0)),
                                   top_k=max(int(pick("top_k", 0) or 0), 0), n=int(pick("n", 1)),
@@ -166,13 +283,14 @@ class ActorRolloutRefWorker(Worker):
     def generate_sequences(self, batch: Batch) -> Batch:
         """Sample ``n`` responses per prompt with the native engine (meta_info may override ``n``,
         ``temperature``, ``top_p``, ``top_k``, ``greedy``, ``seed``, ``response_length``;
-        ``validate=True`` uses ``rollout.val``). Samples of a prompt are adjacent."""
+        ``validate=True`` uses ``rollout.val``). Samples of a prompt are adjacent.
+
+        Several processes: every process generates its own dp shard in lockstep — the native engine as one
+        SPMD program over all of them (`jaxrl_hf.rollout.multiprocess`; a row's sample is the one a single
+        process would draw for the concatenated batch), vLLM as one engine per process on its own rows."""
         self._require_model("generate_sequences")
         if not self.has_actor:
             raise RuntimeError("role 'ref' has no rollout; use role 'actor_rollout[_ref]'")
-        if jax.process_count() > 1:
-            raise NotImplementedError("generate_sequences with several processes per worker group is not "
-                                      "supported by the native engine yet; use 1 process with several devices")
         for key in ("prompts", "prompt_mask"):
             if key not in batch:
                 raise KeyError(f"generate_sequences: Batch has no {key!r}; columns: {batch.keys()}")
@@ -181,7 +299,7 @@ class ActorRolloutRefWorker(Worker):
         prompts, prompt_mask = np.asarray(batch["prompts"]), np.asarray(batch["prompt_mask"])
         lists = [row[m.astype(bool)].tolist() for row, m in zip(prompts, prompt_mask)]
         start = time.perf_counter()
-        out = self.engine.generate(lists, sampling)
+        out = self._generate(lists, sampling)
         elapsed = time.perf_counter() - start
         n = sampling.n
         expanded = batch.repeat(n, interleave=True)
@@ -252,7 +370,7 @@ class ActorRolloutRefWorker(Worker):
                                    epochs=int(get(actor, "ppo_epochs", 1)), shuffle=bool(get(actor, "shuffle", False)),
                                    where="actor")
 
-    @register(dispatch=Dispatch.MESH_DP)
+    @register(dispatch=MESH_DP_MERGE)  # per-process wall-clock metrics (timing_s/weight_sync) differ: rank 0's
     def update_actor(self, batch: Batch) -> Batch:
         """``ppo_epochs`` × mini-batches optimizer steps, each accumulating micro-batch gradients with the
         exact mini-batch denominator. Padding rows added by the dispatch get a zero ``response_mask``.
@@ -271,14 +389,22 @@ class ActorRolloutRefWorker(Worker):
             arrays["response_mask"] = arrays["response_mask"].copy()
             arrays["response_mask"][len(batch) - pad:] = 0
         plan = self.minibatch_plan(len(batch))
+        if self.offload is not None:
+            self.state = self.offload.restore(self.state)
         seed = [int(get(self.config, "rollout.seed", 0)), self.global_step, self.mesh_coords().dp_rank]
         collected = []
         for micro in iterate_minibatches(arrays, plan, seed):
             placed = {k: to_global(v, self.mesh, self.dp_processes, micro_axis=True) for k, v in micro.items()}
             self.state, metrics = self._train_step(self.state, placed)
             collected.append(metrics)
-        self.engine.set_params(self.state.params)
         metrics = mean_metrics(collected, prefix="actor/", last=("lr",))
+        if self.layout is None:
+            start = time.perf_counter()
+            self.engine.set_params(self.state.params)  # vLLM: the in-place weight sync
+            metrics["timing_s/weight_sync"] = time.perf_counter() - start
+        if self.offload is not None:
+            self.state = self.offload.offload(self.state)
+            metrics["actor/offloaded_optimizer_bytes"] = float(self.offload.freed_bytes)
         return Batch.from_dict({}, meta_info={"metrics": metrics})
 
     # ------------------------------------------------------------------------------ persistence
@@ -291,19 +417,35 @@ class ActorRolloutRefWorker(Worker):
         self._require_model("save_checkpoint")
         meta = {"role": self.worker_role, "global_step": self.global_step, "gen_calls": self._gen_calls,
                 "rollout_seed": int(get(self.config, "rollout.seed", 0)), "model_config": self.model.config.to_hf_dict()}
-        return ckpt.save_state(path, self._checkpoint_tree(), meta)
+        with self._optimizer_on_device():
+            return ckpt.save_state(path, self._checkpoint_tree(), meta)
+
+    @contextlib.contextmanager
+    def _optimizer_on_device(self) -> Iterator[None]:
+        """Bring an offloaded optimizer state back for the block (checkpoint I/O), then offload it again."""
+        if self.offload is None:
+            yield
+            return
+        self.state = self.offload.restore(self.state)
+        try:
+            yield
+        finally:
+            self.state = self.offload.offload(self.state)
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, path: str) -> int:
         """Restore a checkpoint written by ``save_checkpoint`` onto the current mesh; returns its global step."""
         self._require_model("load_checkpoint")
-        tree, meta = ckpt.restore_state(path, self._checkpoint_tree())
-        if meta.get("role") != self.worker_role:
-            raise ValueError(f"checkpoint {path} was written by role {meta.get('role')!r}, this worker is "
-                             f"{self.worker_role!r}")
+        with self._optimizer_on_device():
+            tree, meta = ckpt.restore_state(path, self._checkpoint_tree())
+            if meta.get("role") != self.worker_role:
+                raise ValueError(f"checkpoint {path} was written by role {meta.get('role')!r}, this worker is "
+                                 f"{self.worker_role!r}")
+            if self.has_actor:
+                self.state = TrainState(*tree["train_state"])
         if self.has_actor:
-            self.state = TrainState(*tree["train_state"])
-            self.engine.set_params(self.state.params)
+            if self.layout is None:
+                self.engine.set_params(self.state.params)
         else:
             self.ref_params = tree["ref_params"]
         self.global_step, self._gen_calls = int(meta["global_step"]), int(meta["gen_calls"])

@@ -86,7 +86,7 @@ def tiny_decoder_config(tiny: Mapping[str, Any], dtype: str, remat: str, where: 
             intermediate_size=int(tiny.get("intermediate_size", 2 * hidden)),
             num_hidden_layers=int(tiny.get("num_layers", 2)), num_attention_heads=heads,
             num_key_value_heads=int(tiny.get("num_kv_heads", heads)),
-            head_dim=int(tiny.get("head_dim", hidden // heads)),
+            head_dim=int(tiny.get("head_dim") or hidden // heads),
             max_position_embeddings=int(tiny.get("max_position_embeddings", 2048)),
             tie_word_embeddings=bool(tiny.get("tie_word_embeddings", False)),
             bos_token_id=tiny.get("bos_token_id", 1), pad_token_id=int(tiny.get("pad_token_id", 0)),

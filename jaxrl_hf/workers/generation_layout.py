@@ -1,0 +1,117 @@
+"""The actor's generation layout: the 3D-HybridEngine reshard around each rollout (HybridFlow §2.5).
+
+The actor trains with ``p-t-d`` (``placement.train``) and may generate with a smaller model-parallel
+group ``p_g-t_g`` (``placement.generate``) on the same devices, the spare factor ``d_g = p·t/(p_g·t_g)``
+becoming micro data parallelism (§2.5.1). Before a rollout `GenerationLayout.to_generation` turns the
+training params into generation-layout params with `mesh.HybridEngine` — one compiled all-gather inside
+the micro-DP groups; every device's generation shard contains its training shard (§2.5.3), so the
+training buffers are consumed and nothing is held twice. After the rollout `to_training` slices the
+training shards back out (no communication, bit-identical) and frees the generation copy, so the
+training memory is what it was before the rollout.
+
+`generation_parallel` reads and validates ``placement.generate``; ``None`` means the layouts are equal
+and the actor generates on its training mesh (no reshard).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+import jax
+import numpy as np
+
+import mesh as meshlib
+from jaxrl_hf.workers.common import WorkerConfigError, get
+
+
+def _divisors(n: int) -> list[int]:
+    return [k for k in range(1, n + 1) if n % k == 0]
+
+
+def generation_parallel(placement: Mapping[str, Any], train: meshlib.TrainParallel,
+                        where: str = "placement") -> meshlib.GenParallel | None:
+    """``placement.generate.{pp,tp}`` as a `mesh.GenParallel` over ``train``, or ``None`` when equal to the
+    training pp/tp (no reshard). Each generation size must divide the training size (the paper's grouping
+    takes generation groups at the integral strides ``p/p_g``, ``t/t_g``); errors name the key and list
+    the valid values."""
+    generate = get(placement, "generate", {}) or {}
+    unknown = sorted(set(generate) - {"pp", "tp"})
+    if unknown:
+        raise WorkerConfigError(f"{where}.generate: unknown key(s) {unknown}; valid: ['pp', 'tp']")
+    sizes = {}
+    for name, train_size in (("pp", train.pp), ("tp", train.tp)):
+        value = generate.get(name, train_size)
+        if value is None:
+            value = train_size
+        valid = _divisors(train_size)
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value not in valid:
+            raise WorkerConfigError(
+                f"{where}.generate.{name}={value!r}: must divide {where}.train.{name}={train_size} "
+                f"(3D-HybridEngine, HybridFlow §2.5); valid: {valid}")
+        sizes[name] = int(value)
+    if (sizes["pp"], sizes["tp"]) == (train.pp, train.tp):
+        return None
+    return meshlib.GenParallel(train, sizes["pp"], sizes["tp"])
+
+
+@dataclasses.dataclass
+class GenerationLayout:
+    """The generation mesh, its activation rules and the train<->generation reshard of one actor.
+
+    ``logical_axes``: the decoder's logical-axis tree; ``param_shapes``: matching shapes/dtypes.
+    ``train_shardings`` is the layout the actor must keep its params in between rollouts.
+    """
+
+    gen: meshlib.GenParallel
+    engine: meshlib.HybridEngine
+
+    @classmethod
+    def build(cls, gen: meshlib.GenParallel, logical_axes: Any, param_shapes: Any,
+              devices: Any = None) -> "GenerationLayout":
+        """Meshes and compiled-on-first-use reshard programs for ``gen`` over ``devices`` (rank order)."""
+        return cls(gen, meshlib.HybridEngine(gen, logical_axes, param_shapes, devices))
+
+    @property
+    def mesh(self) -> jax.sharding.Mesh:
+        """Generation mesh: axes ``('pp_g','tp_g','dg','dp')`` or a permutation/split of ``dg`` (mesh/)."""
+        return self.engine.meshes.generation
+
+    @property
+    def train_mesh(self) -> jax.sharding.Mesh:
+        return self.engine.meshes.train
+
+    @property
+    def activation_rules(self) -> meshlib.Rules:
+        """Generation activation rules: the ``batch`` logical axis over the data axes ``dg`` (+ split) and ``dp``."""
+        return meshlib.generation_activation_rules(self.engine.meshes.dg_axes)
+
+    @property
+    def train_shardings(self) -> Any:
+        return self.engine.train_shardings
+
+    @property
+    def gen_shardings(self) -> Any:
+        return self.engine.gen_shardings
+
+    def check_train_shardings(self, shardings: Any, where: str = "actor params") -> None:
+        """Raise unless ``shardings`` equal the reshard's training shardings leaf by leaf (a mismatch would
+        make every reshard a full relayout)."""
+        mine = jax.tree.leaves(self.train_shardings, is_leaf=lambda x: isinstance(x, jax.sharding.NamedSharding))
+        theirs = jax.tree.leaves(shardings, is_leaf=lambda x: isinstance(x, jax.sharding.NamedSharding))
+        bad = [i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b]
+        if len(mine) != len(theirs) or bad:
+            raise AssertionError(f"{where}: training shardings differ from the 3D-HybridEngine's at leaves {bad}")
+
+    def to_generation(self, train_params: Any) -> Any:
+        """Generation-layout params; ``train_params`` are consumed (their buffers freed)."""
+        return self.engine.to_generation(train_params)
+
+    def to_training(self, gen_params: Any) -> Any:
+        """Training-layout params sliced out of ``gen_params`` (bit-identical); ``gen_params`` are freed."""
+        return self.engine.to_training(gen_params)
+
+    def describe(self) -> dict[str, Any]:
+        """Small JSON-able summary: layouts, ``d_g`` and the generation mesh shape."""
+        return {"train": self.gen.train.label(), "generate": self.gen.label(), "dg": self.gen.dg,
+                "generation_mesh": dict(self.mesh.shape)}
