@@ -1,7 +1,7 @@
 """Plot a run's learning curves: ``python launch/plot.py RUN_DIR [--out FILE]``.
 
 Reads ``RUN_DIR/metrics.jsonl`` (and ``validation.jsonl``) and draws four panels vs step: reward/accuracy
-(train score, train acc, validation acc), response length, entropy, pg_clipfrac. Writes ``RUN_DIR/curves.png``
+(train score, train acc, validation acc per dataset), response length, entropy, pg_clipfrac. Writes ``RUN_DIR/curves.png``
 with matplotlib's Agg backend (``--out`` may name another format matplotlib writes: ``.svg``, ``.pdf``).
 """
 
@@ -23,7 +23,7 @@ PANELS = [
 LABELS = {"critic/score/mean": "train score", "critic/acc/mean": "train accuracy",
           "val:acc": "validation accuracy, mean over datasets", "response_length/mean": "train batch mean",
           "actor/entropy": "policy entropy (train batch)", "actor/pg_clipfrac": "PPO-clip fraction"}
-COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728"]
+COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"]
 
 
 def _read(path: str) -> list[dict]:
@@ -44,10 +44,22 @@ def load_series(run_dir: str) -> dict[str, list[tuple[float, float]]]:
             if isinstance(value, (int, float)) and key != "step" and math.isfinite(value):
                 series.setdefault(key, []).append((rec["step"], float(value)))
     for rec in _read(os.path.join(run_dir, "validation.jsonl")):
-        accs = [v for k, v in rec.items() if k.startswith("val-core/") and "/acc/mean@" in k and isinstance(v, (int, float))]
+        accs = {k[len("val-core/"):k.index("/acc/mean@")]: v for k, v in rec.items()
+                if k.startswith("val-core/") and "/acc/mean@" in k and isinstance(v, (int, float))}
         if accs:
-            series.setdefault("val:acc", []).append((rec["step"], sum(accs) / len(accs)))
+            series.setdefault("val:acc", []).append((rec["step"], sum(accs.values()) / len(accs)))
+        for source, value in accs.items():
+            series.setdefault(f"val:{source}", []).append((rec["step"], value))
     return series
+
+
+def panel_keys(keys: list[str], series: dict[str, list[tuple[float, float]]]) -> list[str]:
+    """A panel's metrics; ``val:acc`` expands to one line per validation dataset (``val:<source>``)."""
+    out = []
+    for key in keys:
+        per_source = sorted(k for k in series if k.startswith("val:") and k != "val:acc") if key == "val:acc" else []
+        out.extend(per_source or [key])
+    return out
 
 
 def draw(series: dict[str, list[tuple[float, float]]], title: str) -> Any:
@@ -61,12 +73,14 @@ def draw(series: dict[str, list[tuple[float, float]]], title: str) -> Any:
     fig.suptitle(title)
     for ax, (name, ylabel, keys) in zip(axes.flat, PANELS):
         drawn = 0
-        for color, key in zip(COLORS, keys):
+        for color, key in zip(COLORS, panel_keys(keys, series)):
             if key in series:
                 xs, ys = zip(*series[key])
-                few = len(xs) < 40
-                ax.plot(xs, ys, color=color, label=f"{LABELS[key]} ({key})" if key in LABELS else key,
-                        marker="o" if (key == "val:acc" or few) else None, markersize=3 if key != "val:acc" else 5)
+                few, val = len(xs) < 40, key.startswith("val:")
+                label = (f"{LABELS[key]} ({key})" if key in LABELS else
+                         f"validation accuracy, {key[4:]}" if val else key)
+                ax.plot(xs, ys, color=color, label=label, marker="o" if (val or few) else None,
+                        markersize=5 if val else 3)
                 drawn += 1
         ax.set_title(name)
         ax.set_xlabel("step")

@@ -102,8 +102,9 @@ def test_plot_writes_a_png_of_the_run_curves(tmp_path):
     titles = [ax.get_title() for ax in fig.axes]
     assert titles == [name for name, _, _ in plot.PANELS]
     lines = {line.get_label(): line for ax in fig.axes for line in ax.get_lines()}
-    assert len(lines) == 5 and all(ax.get_legend() is not None for ax in fig.axes)
-    assert list(lines["validation accuracy, mean over datasets (val:acc)"].get_xdata()) == [0, 4]
+    assert len(lines) == 6 and all(ax.get_legend() is not None for ax in fig.axes)
+    assert list(lines["validation accuracy, arithmetic"].get_ydata()) == [0.1, 0.3]  # one line per dataset
+    assert list(lines["validation accuracy, gsm8k"].get_xdata()) == [0, 4]
     assert all(ax.get_xlabel() == "step" and ax.get_ylabel() for ax in fig.axes)
 
 
@@ -115,3 +116,37 @@ def test_plot_marks_a_panel_without_data_and_fails_clearly_without_metrics(tmp_p
     proc = subprocess.run([sys.executable, os.path.join(REPO, "launch", "plot.py"), str(tmp_path)],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0 and "no records in" in proc.stderr
+
+
+def _read_tfrecord_scalars(directory) -> dict[tuple[str, int], float]:
+    """Scalars of a TensorBoard event file, read back from the TFRecord framing (u64 length, u32 crc, data,
+    u32 crc) and the ``Event`` protobuf: an independent reader of what the logger wrote."""
+    import struct
+
+    from tensorboardX.proto import event_pb2
+
+    files = [os.path.join(directory, f) for f in os.listdir(directory) if f.startswith("events.out.tfevents")]
+    assert len(files) == 1, files
+    out, data = {}, open(files[0], "rb").read()
+    pos = 0
+    while pos < len(data):
+        (length,) = struct.unpack("<Q", data[pos:pos + 8])
+        event = event_pb2.Event.FromString(data[pos + 12:pos + 12 + length])
+        pos += 12 + length + 4
+        for value in event.summary.value:
+            out[(value.tag, int(event.step))] = value.simple_value
+    return out
+
+
+def test_tensorboard_events_hold_the_logged_scalars(tmp_path):
+    from jaxrl_hf.trainer.logging import MetricLogger
+
+    log = MetricLogger(str(tmp_path), ["jsonl", "tensorboard"])
+    log.log(1, {"critic/score/mean": 0.25, "actor/entropy": 1.5})
+    log.log(2, {"critic/score/mean": 0.75, "actor/entropy": 1.25})
+    log.log_validation(2, {"val-core/arithmetic/acc/mean@4": 0.5})
+    log.close()
+    scalars = _read_tfrecord_scalars(tmp_path / "tensorboard")
+    assert scalars == {("critic/score/mean", 1): 0.25, ("actor/entropy", 1): 1.5, ("critic/score/mean", 2): 0.75,
+                       ("actor/entropy", 2): 1.25,
+                       ("val-core/arithmetic/acc/mean_4", 2): 0.5}  # TensorBoard tags cannot hold '@

@@ -24,10 +24,11 @@ from jaxrl_hf.data.gsm8k import default_gsm8k_dir
 
 @dataclass
 class ArithmeticDataConfig:
-    """Synthetic arithmetic prompts (``jaxrl_hf.data.generate_arithmetic``)."""
+    """Synthetic arithmetic prompts (``jaxrl_hf.data.generate_arithmetic``). The default (1–2 digit ±) leaves
+    SmolLM2-135M-Instruct room to learn: ~13% mean@4 before training (1-digit problems start at ~80%)."""
 
     min_digits: int = 1
-    max_digits: int = 1
+    max_digits: int = 2
     operators: list[str] = field(default_factory=lambda: ["+", "-"])
     num_operands: int = 2
 
