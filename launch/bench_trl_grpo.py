@@ -120,8 +120,9 @@ def rule_reward(prompts: list, completions: list, ground_truth: list, data_sourc
             for src, text, truth in zip(data_source, texts, ground_truth)]
 
 
-def check_same_prompt_tokens(rows: list[dict], hf_dir: str) -> None:
-    """Fail unless TRL's tokenizer (transformers) templates every prompt into our trainer's token ids."""
+def check_same_prompt_tokens(rows: list[dict], hf_dir: str) -> list[int]:
+    """Fail unless TRL's tokenizer (transformers) templates every prompt into our trainer's token ids;
+    returns each row's prompt length in tokens."""
     from transformers import AutoTokenizer
 
     from jaxrl_hf.data import prompt_token_ids
@@ -134,6 +135,7 @@ def check_same_prompt_tokens(rows: list[dict], hf_dir: str) -> None:
         if a != b:
             raise SystemExit(f"bench_trl_grpo: prompt row {i} templates differently (ours {len(a)} tokens, "
                              f"transformers {len(b)}): the two sides would not see the same prompts")
+    return [len(prompt_token_ids(row["prompt"], ours)) for row in rows]
 
 
 def run_trl(args: argparse.Namespace, rows: list[dict], hf_dir: str) -> dict:
@@ -148,7 +150,7 @@ def run_trl(args: argparse.Namespace, rows: list[dict], hf_dir: str) -> dict:
 
     torch.set_num_threads(os.cpu_count() or 1)
     torch.manual_seed(0)
-    check_same_prompt_tokens(rows, hf_dir)
+    prompt_tokens = check_same_prompt_tokens(rows, hf_dir)
     timings: dict[str, float] = {}
 
     def timed(name: str, fn: Any) -> Any:
@@ -215,6 +217,7 @@ def run_trl(args: argparse.Namespace, rows: list[dict], hf_dir: str) -> dict:
         s["reward_mean"] = logs.get(s["step"], {}).get("reward")
     return {"engine": f"TRL {trl.__version__} GRPOTrainer (torch {torch.__version__}, transformers "
                       f"{transformers.__version__} generate)", "hf_dir": hf_dir, "torch_threads": torch.get_num_threads(),
+            "prompt_tokens": prompt_tokens,
             "wall_s": wall, "loadavg_1min": load.summary(), "steps": steps}
 
 

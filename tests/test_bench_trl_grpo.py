@@ -62,9 +62,10 @@ def test_trl_side_runs_grpo_steps_and_reports_stage_times(tmp_path):
         parts = s["gen_s"] + s["reward_s"] + s["other_s"] + s["update_s"]
         assert 0 < s["gen_s"] < s["step_s"] and s["update_s"] > 0 and s["old_log_prob_s"] == 0.0
         assert parts == pytest.approx(s["step_s"], rel=1e-6)
-        # every arithmetic prompt templates to 52 tokens; each completion has 1..new_tokens tokens
+        # the step's prompts (rows in order, each sampled `samples` times) plus 1..new_tokens per completion
         rollouts = prompts * samples
-        assert 52 * rollouts + rollouts <= s["tokens"] <= (52 + new_tokens) * rollouts
+        prompt_total = samples * sum(trl["prompt_tokens"][(s["step"] - 1) * prompts:s["step"] * prompts])
+        assert prompt_total + rollouts <= s["tokens"] <= prompt_total + new_tokens * rollouts
         assert s["tokens_per_s"] == pytest.approx(s["tokens"] / s["step_s"])
         assert 1 <= s["response_length_mean"] <= new_tokens and 0.0 <= s["reward_mean"] <= 1.0
 
