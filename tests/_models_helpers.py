@@ -30,3 +30,15 @@ def random_params(config: DecoderConfig, seed: int = 0):
 
 
 jit_forward = jax.jit(forward, static_argnums=1)
+
+
+def random_prompts(seed: int, rows: int, width: int, vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(prompts, prompt_mask)`` ``[rows, width]`` int32: left-padded random prompts of 2..width tokens
+    (ids >= 3, clear of pad/bos/eos), reproducible from ``seed``."""
+    rng = np.random.default_rng(seed)
+    prompts, mask = np.zeros((rows, width), np.int32), np.zeros((rows, width), np.int32)
+    for i in range(rows):
+        length = int(rng.integers(2, width + 1))
+        prompts[i, width - length:] = rng.integers(3, vocab_size, length)
+        mask[i, width - length:] = 1
+    return prompts, mask

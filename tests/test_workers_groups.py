@@ -9,6 +9,7 @@ import os
 import numpy as np
 import pytest
 
+from _models_helpers import random_prompts
 from jaxrl_hf.controller import Batch, ResourcePool, WorkerGroup, WorkerMethodError, colocate
 from jaxrl_hf.workers import ActorRolloutRefWorker, CostModelWorker, CriticWorker, RewardModelWorker
 
@@ -45,12 +46,7 @@ def roles(ray_cluster):
 
 
 def prompt_batch(seed=0):
-    rng = np.random.default_rng(seed)
-    prompts, mask = np.zeros((PROMPTS, P), np.int32), np.zeros((PROMPTS, P), np.int32)
-    for i in range(PROMPTS):
-        length = int(rng.integers(2, P + 1))
-        prompts[i, P - length:] = rng.integers(3, TINY["vocab_size"], length)
-        mask[i, P - length:] = 1
+    prompts, mask = random_prompts(seed, PROMPTS, P, TINY["vocab_size"])
     return Batch.from_dict({"prompts": prompts, "prompt_mask": mask,
                             "data_source": np.array([f"src{i}" for i in range(PROMPTS)], dtype=object),
                             "ground_truth": np.array([str(i) for i in range(PROMPTS)], dtype=object)})

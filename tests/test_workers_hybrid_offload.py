@@ -17,6 +17,7 @@ import jax
 import numpy as np
 import pytest
 
+from _models_helpers import random_prompts
 from jaxrl_hf.controller import Batch
 from jaxrl_hf.controller.worker import WorkerContext
 from jaxrl_hf.workers import ActorRolloutRefWorker
@@ -53,12 +54,7 @@ def make_worker(role="actor_rollout", generate=None, offload=False, offload_mode
 
 
 def prompt_batch(seed=0, **meta):
-    rng = np.random.default_rng(seed)
-    prompts, mask = np.zeros((PROMPTS, P), np.int32), np.zeros((PROMPTS, P), np.int32)
-    for i in range(PROMPTS):
-        length = int(rng.integers(2, P + 1))
-        prompts[i, P - length:] = rng.integers(3, TINY["vocab_size"], length)
-        mask[i, P - length:] = 1
+    prompts, mask = random_prompts(seed, PROMPTS, P, TINY["vocab_size"])
     return Batch.from_dict({"prompts": prompts, "prompt_mask": mask}, meta_info=meta)
 
 

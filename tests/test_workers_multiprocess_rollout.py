@@ -16,6 +16,7 @@ import os
 import numpy as np
 import pytest
 
+from _models_helpers import random_prompts
 from jaxrl_hf.controller import Batch, ResourcePool, WorkerGroup, WorkerMethodError
 from jaxrl_hf.rollout import multiprocess as mp
 from jaxrl_hf.workers import ActorRolloutRefWorker
@@ -41,12 +42,7 @@ def config(num_processes: int, devices: int, train: dict, generate: dict | None 
 
 
 def prompt_batch(seed: int = 0, meta: dict | None = None) -> Batch:
-    rng = np.random.default_rng(seed)
-    prompts, mask = np.zeros((PROMPTS, P), np.int32), np.zeros((PROMPTS, P), np.int32)
-    for i in range(PROMPTS):
-        length = int(rng.integers(2, P + 1))
-        prompts[i, P - length:] = rng.integers(3, TINY["vocab_size"], length)
-        mask[i, P - length:] = 1
+    prompts, mask = random_prompts(seed, PROMPTS, P, TINY["vocab_size"])
     return Batch.from_dict({"prompts": prompts, "prompt_mask": mask,
                             "data_source": np.array([f"src{i}" for i in range(PROMPTS)], dtype=object)},
                            meta_info=meta or {})
