@@ -53,18 +53,6 @@ def _set(tree: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
     tree[path[-1]] = value
 
 
-def _to_hf(kind: str, x: np.ndarray) -> np.ndarray:
-    if kind == "in_proj":  # [E, H, D] -> [H*D, E]
-        return np.ascontiguousarray(x.reshape(x.shape[0], -1).T)
-    if kind == "out_proj":  # [H, D, E] -> [E, H*D]
-        return np.ascontiguousarray(x.reshape(-1, x.shape[-1]).T)
-    if kind == "linear":
-        return np.ascontiguousarray(x.T)
-    if kind == "head_bias":
-        return x.reshape(-1)
-    return x
-
-
 def _from_hf(kind: str, w: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     if kind == "in_proj":
         return np.ascontiguousarray(w.T).reshape(shape)
@@ -89,7 +77,7 @@ def _expected_layer_shapes(config: DecoderConfig) -> dict[str, tuple[int, ...]]:
 
 
 def _to_hf_view(kind: str, x: Any) -> Any:
-    """``_to_hf`` without the contiguous copy: a transposed/reshaped view (numpy or torch alike)."""
+    """Flax layout -> HF layout of one layer's leaf, as a transposed/reshaped view (numpy or torch alike)."""
     if kind == "in_proj":  # [E, H, D] -> [H*D, E]
         return x.reshape(x.shape[0], -1).T
     if kind == "out_proj":  # [H, D, E] -> [E, H*D]
@@ -124,17 +112,7 @@ def iter_hf_tensor_views(params: Params, config: DecoderConfig,
 
 def params_to_hf_state_dict(params: Params, config: DecoderConfig) -> dict[str, np.ndarray]:
     """HF-named numpy state dict (``model.layers.{i}.self_attn.q_proj.weight`` ...) from ``params``."""
-    host = jax.device_get(params)
-    out: dict[str, np.ndarray] = {"model.embed_tokens.weight": np.asarray(host["model"]["embed_tokens"]["embedding"]),
-                                  "model.norm.weight": np.asarray(host["model"]["norm"]["scale"])}
-    layers = host["model"]["layers"]
-    for suffix, path, kind in _layer_entries(config):
-        stacked = np.asarray(_get(layers, path))
-        for i in range(config.num_hidden_layers):
-            out[f"model.layers.{i}.{suffix}"] = _to_hf(kind, stacked[i])
-    if not config.tie_word_embeddings:
-        out["lm_head.weight"] = np.ascontiguousarray(np.asarray(host["lm_head"]["kernel"]).T)
-    return out
+    return {name: np.ascontiguousarray(view) for name, view in iter_hf_tensor_views(jax.device_get(params), config)}
 
 
 def hf_state_dict_to_params(state: Mapping[str, np.ndarray], config: DecoderConfig,
