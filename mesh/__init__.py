@@ -10,19 +10,19 @@ Modules, one concern each:
   transition_report  compiled-program traffic / peak memory, and timing of a transition
 """
 
-from mesh.device_mesh import (HybridMeshes, build_hybrid_meshes, build_train_mesh, build_vanilla_generation_mesh,
+from jaxrl_hf.mesh.device_mesh import (HybridMeshes, build_hybrid_meshes, build_train_mesh, build_vanilla_generation_mesh,
                               flat_device_ids, ordered_devices)
-from mesh.hlo_collectives import Collective, CollectiveSummary, parse_collectives, summarize
-from mesh.hybrid_engine import (METHODS, DeepSpeedChatTransition, HybridEngine, VanillaTransition, delete_tree,
+from jaxrl_hf.mesh.hlo_collectives import Collective, CollectiveSummary, parse_collectives, summarize
+from jaxrl_hf.mesh.hybrid_engine import (METHODS, DeepSpeedChatTransition, HybridEngine, VanillaTransition, delete_tree,
                                 make_transition, shard_bytes_per_device)
-from mesh.rules import (Rules, generation_activation_rules, generation_param_rules, logical_to_shardings,
+from jaxrl_hf.mesh.rules import (Rules, generation_activation_rules, generation_param_rules, logical_to_shardings,
                         logical_to_spec, logical_to_specs, optimizer_state_shardings, train_activation_rules,
                         train_param_rules)
-from mesh.synthetic import (LLAMA_SHAPES, LlamaShape, init_params, llama_logical_axes, llama_param_shapes,
+from jaxrl_hf.mesh.synthetic import (LLAMA_SHAPES, LlamaShape, init_params, llama_logical_axes, llama_param_shapes,
                             llama_shape, param_bytes, param_count)
-from mesh.topology import (GenParallel, TrainParallel, generation_coords, generation_tp_groups, micro_dp_groups,
+from jaxrl_hf.mesh.topology import (GenParallel, TrainParallel, generation_coords, generation_tp_groups, micro_dp_groups,
                            parse_config, train_coords, training_model_parallel_groups)
-from mesh.transition_report import (TransitionAnalysis, analyze_transition, live_bytes_per_device,
+from jaxrl_hf.mesh.transition_report import (TransitionAnalysis, analyze_transition, live_bytes_per_device,
                                     time_transition, tree_bytes_per_device)
 
 __all__ = [

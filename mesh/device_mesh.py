@@ -25,7 +25,7 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh
 
-from mesh.topology import GenParallel, TrainParallel, generation_rank_grid, train_rank_grid
+from jaxrl_hf.mesh.topology import GenParallel, TrainParallel, generation_rank_grid, train_rank_grid
 
 TRAIN_AXES = ("pp", "tp", "dp")
 

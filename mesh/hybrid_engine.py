@@ -28,9 +28,9 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from mesh.device_mesh import HybridMeshes, build_hybrid_meshes, build_vanilla_generation_mesh
-from mesh.rules import generation_param_rules, logical_to_shardings, train_param_rules
-from mesh.topology import GenParallel
+from jaxrl_hf.mesh.device_mesh import HybridMeshes, build_hybrid_meshes, build_vanilla_generation_mesh
+from jaxrl_hf.mesh.rules import generation_param_rules, logical_to_shardings, train_param_rules
+from jaxrl_hf.mesh.topology import GenParallel
 
 METHODS = ("hybridflow", "hybridflow_v", "ds_chat")
 

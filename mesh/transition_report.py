@@ -25,9 +25,9 @@ from typing import Any, Callable
 
 import jax
 
-from mesh.device_mesh import flat_device_ids
-from mesh.hlo_collectives import CollectiveSummary, summarize
-from mesh.hybrid_engine import delete_tree
+from jaxrl_hf.mesh.device_mesh import flat_device_ids
+from jaxrl_hf.mesh.hlo_collectives import CollectiveSummary, summarize
+from jaxrl_hf.mesh.hybrid_engine import delete_tree
 
 
 @dataclasses.dataclass(frozen=True)

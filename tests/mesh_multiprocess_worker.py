@@ -18,12 +18,12 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from mesh.device_mesh import flat_device_ids, ordered_devices  # noqa: E402
-from mesh.hlo_collectives import summarize  # noqa: E402
-from mesh.hybrid_engine import HybridEngine  # noqa: E402
-from mesh.synthetic import llama_logical_axes, llama_param_shapes, llama_shape, param_bytes  # noqa: E402
-from mesh.topology import micro_dp_groups, parse_config  # noqa: E402
-from mesh.transition_report import compiled_hlo  # noqa: E402
+from jaxrl_hf.mesh.device_mesh import flat_device_ids, ordered_devices  # noqa: E402
+from jaxrl_hf.mesh.hlo_collectives import summarize  # noqa: E402
+from jaxrl_hf.mesh.hybrid_engine import HybridEngine  # noqa: E402
+from jaxrl_hf.mesh.synthetic import llama_logical_axes, llama_param_shapes, llama_shape, param_bytes  # noqa: E402
+from jaxrl_hf.mesh.topology import micro_dp_groups, parse_config  # noqa: E402
+from jaxrl_hf.mesh.transition_report import compiled_hlo  # noqa: E402
 
 
 def main() -> None:

@@ -1,4 +1,4 @@
-"""launch/bench_trl_grpo.py: TRL's GRPOTrainer side on a tiny random HF Llama (real TRL, real tokenizer,
+"""launch/bench/bench_trl_grpo.py: TRL's GRPOTrainer side on a tiny random HF Llama (real TRL, real tokenizer,
 real rule reward) and the ratio table over two measured sides."""
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ import sys
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BENCH = os.path.join(REPO, "launch", "bench_trl_grpo.py")
+BENCH = os.path.join(REPO, "launch", "bench", "bench_trl_grpo.py")
 
 
 def _bench_module():
-    sys.path.insert(0, os.path.join(REPO, "launch"))
+    sys.path.insert(0, os.path.join(REPO, "launch", "bench"))
     spec = importlib.util.spec_from_file_location("bench_trl_grpo", BENCH)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mesh.hlo_collectives import parse_collectives, summarize
+from jaxrl_hf.mesh.hlo_collectives import parse_collectives, summarize
 
 HEADER = "HloModule m, num_partitions=8\n"
 

@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from mesh.device_mesh import flat_device_ids
-from mesh.hlo_collectives import summarize
-from mesh.hybrid_engine import DeepSpeedChatTransition, HybridEngine, VanillaTransition, delete_tree
-from mesh.rules import generation_param_rules, logical_to_shardings
-from mesh.synthetic import llama_logical_axes, llama_param_shapes, llama_shape, param_bytes
-from mesh.topology import micro_dp_groups, parse_config, training_model_parallel_groups
-from mesh.transition_report import analyze_transition, compiled_hlo, live_bytes_per_device
+from jaxrl_hf.mesh.device_mesh import flat_device_ids
+from jaxrl_hf.mesh.hlo_collectives import summarize
+from jaxrl_hf.mesh.hybrid_engine import DeepSpeedChatTransition, HybridEngine, VanillaTransition, delete_tree
+from jaxrl_hf.mesh.rules import generation_param_rules, logical_to_shardings
+from jaxrl_hf.mesh.synthetic import llama_logical_axes, llama_param_shapes, llama_shape, param_bytes
+from jaxrl_hf.mesh.topology import micro_dp_groups, parse_config, training_model_parallel_groups
+from jaxrl_hf.mesh.transition_report import analyze_transition, compiled_hlo, live_bytes_per_device
 
 pytestmark = pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 devices: set "
                                 "XLA_FLAGS=--xla_force_host_platform_device_count=8 before jax starts")

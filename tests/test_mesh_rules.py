@@ -10,13 +10,13 @@ import optax
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from mesh.device_mesh import build_hybrid_meshes
-from mesh.hybrid_engine import shard_bytes_per_device
-from mesh.rules import (generation_activation_rules, generation_param_rules, logical_to_shardings,
+from jaxrl_hf.mesh.device_mesh import build_hybrid_meshes
+from jaxrl_hf.mesh.hybrid_engine import shard_bytes_per_device
+from jaxrl_hf.mesh.rules import (generation_activation_rules, generation_param_rules, logical_to_shardings,
                         logical_to_spec, logical_to_specs, optimizer_state_shardings, train_activation_rules,
                         train_param_rules)
-from mesh.synthetic import llama_logical_axes, llama_param_shapes, llama_shape, param_bytes
-from mesh.topology import all_configs, parse_config
+from jaxrl_hf.mesh.synthetic import llama_logical_axes, llama_param_shapes, llama_shape, param_bytes
+from jaxrl_hf.mesh.topology import all_configs, parse_config
 
 needs8 = pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 devices: set "
                             "XLA_FLAGS=--xla_force_host_platform_device_count=8 before jax starts")

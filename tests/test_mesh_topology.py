@@ -6,8 +6,8 @@ import jax
 import numpy as np
 import pytest
 
-from mesh.device_mesh import build_hybrid_meshes, build_train_mesh, flat_device_ids
-from mesh.topology import (GenParallel, TrainParallel, all_configs, generation_coords, generation_tp_groups,
+from jaxrl_hf.mesh.device_mesh import build_hybrid_meshes, build_train_mesh, flat_device_ids
+from jaxrl_hf.mesh.topology import (GenParallel, TrainParallel, all_configs, generation_coords, generation_tp_groups,
                            micro_dp_groups, parse_config, train_coords, training_dp_groups,
                            training_model_parallel_groups, training_tp_groups)
 

@@ -150,7 +150,7 @@ def test_sync_from_params_sharded_over_a_mesh(engine, params):
     assert engine.last_sync_stats.bytes_gathered == 0  # single-device leaves: DLPack, no copy
     assert engine.last_sync_stats.bytes_zero_copy == engine.last_sync_bytes > 0
     mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:8]).reshape(4, 2), ("dp", "tp"))
-    from mesh.rules import train_activation_rules
+    from jaxrl_hf.mesh.rules import train_activation_rules
 
     sharded = jax.device_put(params, param_shardings(CONFIG, mesh, train_activation_rules()))
     assert any(not x.is_fully_replicated for x in jax.tree.leaves(sharded))

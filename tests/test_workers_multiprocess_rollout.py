@@ -69,7 +69,7 @@ def test_row_groups_must_match_batch_shards():
 def test_batch_shards_and_digest_on_one_process():
     import jax
 
-    import mesh as meshlib
+    from jaxrl_hf import mesh as meshlib
 
     mesh = meshlib.build_train_mesh(meshlib.TrainParallel(1, 2, 4), meshlib.ordered_devices())
     assert mp.process_batch_slabs(mesh, meshlib.train_activation_rules()) == {0: (0, 1, 2, 3)}

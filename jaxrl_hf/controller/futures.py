@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol as StructuralType
 
 import numpy as np
 import ray
@@ -23,8 +23,13 @@ from jaxrl_hf.controller.batch import PAD_ROWS_KEY, Batch
 from jaxrl_hf.controller.errors import ControllerError, WorkerDiedError, WorkerMethodError
 from jaxrl_hf.controller.layout import GroupLayout
 
-if TYPE_CHECKING:
-    from jaxrl_hf.controller.protocols import Protocol
+class CollectRule(StructuralType):
+    """What a `GroupFuture` needs of its transfer protocol (``protocols.Protocol`` is one): how to collect the
+    ranks' outputs on the driver, and the same rule as a `Plan` a consumer worker can resolve."""
+
+    def collect_fn(self, layout: GroupLayout, outputs: list) -> Any: ...
+
+    def make_plan(self, layout: GroupLayout, refs: Sequence[RankRef]) -> Plan: ...
 
 
 def concat_outputs(outputs: Sequence[Any]) -> Any:
@@ -232,7 +237,7 @@ class GroupFuture:
     def __init__(
         self,
         rank_refs: Sequence[RankRef],
-        protocol: Protocol,
+        protocol: CollectRule,
         layout: GroupLayout,
         method: str,
         on_death: Callable[[WorkerDiedError], None] | None = None,

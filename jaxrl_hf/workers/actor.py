@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-import mesh as meshlib
+from jaxrl_hf import mesh as meshlib
 from jaxrl_hf.controller import PAD_ROWS_KEY, Batch, Dispatch, Worker, register
 from jaxrl_hf.models import param_logical_axes, save_hf_dir
 from jaxrl_hf.rollout import ENGINE_NAMES, JaxGenerationEngine, SamplingParams, make_rollout_engine

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-import mesh as meshlib
+from jaxrl_hf import mesh as meshlib
 from jaxrl_hf.models import DecoderConfig, init_params, param_logical_axes
 from jaxrl_hf.models.tokenizer import Tokenizer
 

@@ -13,7 +13,7 @@ from typing import Any, Mapping
 import jax
 import numpy as np
 
-import mesh as meshlib
+from jaxrl_hf import mesh as meshlib
 from jaxrl_hf.controller import PAD_ROWS_KEY, Batch, Dispatch, Worker, register
 from jaxrl_hf.models import value_param_logical_axes, value_params_from_lm
 from jaxrl_hf.workers import checkpoint as ckpt

@@ -21,7 +21,7 @@ from typing import Any, Mapping
 import jax
 import numpy as np
 
-import mesh as meshlib
+from jaxrl_hf import mesh as meshlib
 from jaxrl_hf.workers.common import WorkerConfigError, get
 
 

@@ -30,7 +30,7 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
-from mesh import delete_tree
+from jaxrl_hf.mesh import delete_tree
 
 HOST_MEMORY_KINDS = ("pinned_host", "unpinned_host")
 MODES = ("memory_kind", "numpy")

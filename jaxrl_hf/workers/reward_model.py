@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-import mesh as meshlib
+from jaxrl_hf import mesh as meshlib
 from jaxrl_hf.controller import Batch, Dispatch, Worker, register
 from jaxrl_hf.models import init_value_params, value_forward, value_param_logical_axes
 from jaxrl_hf.workers.common import (TINY_RANDOM, WorkerConfigError, chunked_apply, get, param_shardings,

@@ -46,7 +46,7 @@ def init_train_state(params: Any, optimizer: optax.GradientTransformation) -> Tr
 def train_state_shardings(params: Any, param_shardings: Any, optimizer: optax.GradientTransformation,
                           mesh: jax.sharding.Mesh) -> TrainState:
     """Shardings of a `TrainState`: Adam moments follow their parameter, scalars are replicated."""
-    import mesh as meshlib
+    from jaxrl_hf import mesh as meshlib
 
     opt_shapes = jax.eval_shape(optimizer.init, params)
     opt = meshlib.optimizer_state_shardings(opt_shapes, params, param_shardings, mesh)

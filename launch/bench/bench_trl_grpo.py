@@ -1,9 +1,9 @@
 """One GRPO step with jaxrl_hf vs TRL's GRPOTrainer: same model, prompts, batch, reward and machine.
 
-    python launch/bench_trl_grpo.py [--steps 4] [--prompts 4] [--samples 4] [--response-length 32]
+    python launch/bench/bench_trl_grpo.py [--steps 4] [--prompts 4] [--samples 4] [--response-length 32]
                                     [--model smollm2-135m-instruct] [--json OUT]
-    python launch/bench_trl_grpo.py --side trl ...     # only TRL (what the parent runs in a subprocess)
-    python launch/bench_trl_grpo.py --from-json OUT [--json OUT2]   # re-summarise a run's per-step data
+    python launch/bench/bench_trl_grpo.py --side trl ...     # only TRL (what the parent runs in a subprocess)
+    python launch/bench/bench_trl_grpo.py --from-json OUT [--json OUT2]   # re-summarise a run's per-step data
 
 Both sides run ``--steps`` GRPO steps of ``--prompts`` arithmetic prompts x ``--samples`` samples,
 ``--response-length`` new tokens at temperature 1, in float32, one optimizer step per RL step (AdamW, same
@@ -13,7 +13,7 @@ The prompts are the rows our trainer loads (``data.train_size = steps x prompts`
 fed to TRL in the same order as a ``datasets.Dataset`` with the same chat template (checked token by token).
 
 * ours: ``launch/train.py``'s trainer (Ray single controller, JAX worker, native JAX generation engine);
-  its per-stage clock is ``timing_s/<stage>`` in ``metrics.jsonl`` (``launch/bench_rl_step.summarise``).
+  its per-stage clock is ``timing_s/<stage>`` in ``metrics.jsonl`` (``launch/bench/bench_rl_step.summarise``).
 * TRL 1.16: ``GRPOTrainer`` on the HF directory the model is converted into, loaded with transformers
   ``AutoModelForCausalLM`` (float32), ``use_vllm=False`` (``transformers.generate``), run in a subprocess
   (its own torch runtime; ``torch.set_num_threads(os.cpu_count())``). Its stages are timed by wrapping
@@ -42,7 +42,7 @@ import time
 from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 sys.path.insert(0, HERE)
 
 from bench_rl_step import summarise  # noqa: E402

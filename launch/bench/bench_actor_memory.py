@@ -1,6 +1,6 @@
 """Actor-worker memory and rollout time: optimizer offload on/off, and hybrid generation layout vs training layout.
 
-    python launch/bench_actor_memory.py --json OUT [--model tiny-random|smollm2-135m-instruct]
+    python launch/bench/bench_actor_memory.py --json OUT [--model tiny-random|smollm2-135m-instruct]
         [--train 1-4-2] [--generate 1-2] [--devices 8] [--prompts 8] [--max-new 32] [--repeats 3]
 
 Everything runs through the real ``ActorRolloutRefWorker`` in this process (``--devices`` fake CPU devices).
@@ -28,7 +28,7 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 def _args() -> argparse.Namespace:
@@ -53,7 +53,7 @@ if ARGS is not None:
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-import mesh as meshlib  # noqa: E402
+from jaxrl_hf import mesh as meshlib  # noqa: E402
 from jaxrl_hf.controller import Batch  # noqa: E402
 from jaxrl_hf.controller.worker import WorkerContext  # noqa: E402
 from jaxrl_hf.workers import ActorRolloutRefWorker  # noqa: E402

@@ -5,7 +5,7 @@ The layer scan only reads the cache and returns the step's new keys/values; ``Ca
 writes them with one in-place ``dynamic_update_slice`` (as the engine's decode loop does), so the
 with-cache overhead is reading the cache once, not copying it per layer.
 
-  python launch/profile_decode_step.py --batch 64 --cache-lens 32,192 --json out.json
+  python launch/bench/profile_decode_step.py --batch 64 --cache-lens 32,192 --json out.json
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Rollout through vLLM fed by in-place weight syncs vs the native JAX engine, same model, prompts and run.
 
-    python launch/bench_rollout.py --json OUT [--model smollm2-135m-instruct] [--prompts 8] [--n 2] [--max-new 32]
+    python launch/bench/bench_rollout.py --json OUT [--model smollm2-135m-instruct] [--prompts 8] [--n 2] [--max-new 32]
 
 Both engines run in this one process on the same params (the vLLM engine is colocated as in the actor
 worker: ``jaxrl_hf.rollout.make_rollout_engine``). Measured:
@@ -29,7 +29,7 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402

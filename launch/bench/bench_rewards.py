@@ -1,6 +1,6 @@
 """Rule-scoring throughput: serial (in process) vs the process pool, side by side in one run.
 
-    python launch/bench_rewards.py [--n 2048] [--workers 1 2] [--repeats 3] [--json OUT]
+    python launch/bench/bench_rewards.py [--n 2048] [--workers 1 2] [--repeats 3] [--json OUT]
 
 Responses are GSM8K reference solutions (test split) written the ways a model writes them (``#### n``,
 ``\\boxed{n}``, ``Answer: n``, padded with reasoning to ~1-4k characters); each scorer (gsm8k, MATH,
@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO_ROOT)
 
 from jaxrl_hf.rewards import NaiveRewardManager  # noqa: E402

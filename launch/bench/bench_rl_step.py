@@ -1,7 +1,7 @@
 """One RL step's wall time split by stage, from a real run through Ray and the worker groups.
 
-    python launch/bench_rl_step.py --algo dapo --preset smoke --steps 4 [--json OUT] [key=value ...]
-    python launch/bench_rl_step.py --from-run runs/dapo_default [--json OUT]     # summarise an existing run
+    python launch/bench/bench_rl_step.py --algo dapo --preset smoke --steps 4 [--json OUT] [key=value ...]
+    python launch/bench/bench_rl_step.py --from-run runs/dapo_default [--json OUT]     # summarise an existing run
 
 Runs ``launch/train.py``'s trainer for ``--steps`` steps (or reads ``RUN_DIR/metrics.jsonl``), drops the first
 step (XLA compilation) and prints, per stage (``timing_s/<stage>``: gen, reward, old_log_prob, ref, values,
@@ -17,7 +17,7 @@ import os
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 OUTSIDE_STEP = ("step", "testing", "save_checkpoint")  # validation and checkpoints run after the step's clock

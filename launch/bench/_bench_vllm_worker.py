@@ -1,4 +1,4 @@
-"""vLLM side of ``launch/bench_generation.py``: run in its own interpreter (the vLLM venv).
+"""vLLM side of ``launch/bench/bench_generation.py``: run in its own interpreter (the vLLM venv).
 
 Reads a JSON spec ``{"model_dir", "max_new", "dtype", "seed", "batches": {"<B>": [[token ids], ...]}}``,
 creates one offline ``vllm.LLM`` on the HF-format model directory, and for each batch size times one
@@ -9,7 +9,7 @@ Each timed call follows a warm-up call on the same prompts (fewer tokens). Write
 ``{"vllm_version", "init_s", "thread_env", "rows": {"<B>": {"tokens", "seconds", "tok_per_s", "warmup_s",
 "first_tokens"}}}`` to ``--out``.
 
-  .venv-vllm/bin/python launch/_bench_vllm_worker.py --spec spec.json --out result.json
+  .venv-vllm/bin/python launch/bench/_bench_vllm_worker.py --spec spec.json --out result.json
 """
 
 from __future__ import annotations
