@@ -36,12 +36,12 @@ def test_mesh_maps_into_the_package_namespace():
 
 
 def test_mesh_is_not_a_top_level_module_and_resolves_from_a_checkout(tmp_path):
-    """From another directory: ``jaxrl_hf.mesh`` is the repository's ``mesh/``; a bare ``import mesh`` fails
-    (a user's own ``mesh`` module is not shadowed)."""
+    """From another directory, through the installed (editable) package: ``jaxrl_hf.mesh`` is the repository's
+    ``mesh/``, and a bare ``import mesh`` finds nothing (a user's own ``mesh`` module is not shadowed)."""
     code = ("import importlib.util, jaxrl_hf.mesh as m, jaxrl_hf.mesh.rules\n"
             "print(m.__file__)\n"
             "print(importlib.util.find_spec('mesh'))\n")
-    env = dict(os.environ, PYTHONPATH=REPO)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0, proc.stderr
