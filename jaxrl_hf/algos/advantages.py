@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxrl_hf.algos.masked import group_count, group_ids, group_mean, group_std, masked_whiten
-from jaxrl_hf.algos.registry import Registry
+from jaxrl_hf.registry import Registry
 
 Array = jax.Array
 

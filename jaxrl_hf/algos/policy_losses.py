@@ -17,7 +17,7 @@ import jax.numpy as jnp
 
 from jaxrl_hf.algos.aggregation import agg_loss
 from jaxrl_hf.algos.masked import masked_mean
-from jaxrl_hf.algos.registry import Registry
+from jaxrl_hf.registry import Registry
 
 Array = jax.Array
 PolicyLossFn = Callable[..., tuple[Array, dict[str, Array]]]

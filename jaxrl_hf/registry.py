@@ -1,4 +1,5 @@
-"""A tiny name -> function registry, shared by the advantage-estimator and policy-loss tables."""
+"""A tiny name -> object registry, the single source of names for every pluggable piece (advantage estimators,
+policy losses, rollout loops, sharding rule sets). Dependency-free, so any layer can hold one."""
 
 from __future__ import annotations
 
