@@ -33,7 +33,7 @@ def check_accepts(owner: str, fn: Callable, needs: Sequence[str]) -> None:
         return
     missing = [n for n in needs if n not in keyword_parameters(fn)]
     if missing:
-        raise TypeError(f"{owner}: declares needs={tuple(needs)} but {fn.__qualname__}() has no parameter(s) {missing}")
+        raise TypeError(f"{owner}: declares needs={tuple(needs)} but {fn.__name__}() has no parameter(s) {missing}")
 
 
 def register_declared(registry: Registry[F], name: str, override: bool, metadata: Mapping[str, Any]) -> Callable[[F], F]:
