@@ -127,6 +127,7 @@ def test_config_uses_user_names_and_their_declarations(user_file):
         return values, values
 
     assert load_config("grpo", overrides=["algorithm.adv_estimator=test_needs_values"]).critic.enable  # on by need
+    assert load_config("ppo", overrides=["algorithm.adv_estimator=test_needs_values"]).critic.enable  # a critic estimator
     with pytest.raises(ConfigError, match="needs a critic"):
         load_config("grpo", overrides=["algorithm.adv_estimator=test_needs_values", "critic.enable=false"])
     with pytest.raises(ConfigError, match="only --algo remax computes"):

@@ -100,14 +100,16 @@ def check_algorithm(config: RunConfig) -> None:
     if "reward_baselines" in needs and config.algo != "remax":
         _fail("algorithm.adv_estimator", alg.adv_estimator,
               "needs reward_baselines, the greedy rollout's reward that only --algo remax computes")
-    if config.algo == "ppo" and alg.adv_estimator != "gae":
-        _fail("algorithm.adv_estimator", alg.adv_estimator, "--algo ppo uses GAE with a critic; set 'gae'")
-    if config.algo == "remax" and alg.adv_estimator != "remax":
-        _fail("algorithm.adv_estimator", alg.adv_estimator, "--algo remax needs the 'remax' estimator")
+    if config.algo == "ppo" and "values" not in needs:
+        _fail("algorithm.adv_estimator", alg.adv_estimator,
+              "--algo ppo uses GAE with a critic; set 'gae' (or an estimator registered with needs=('values',))")
+    if config.algo == "remax" and "reward_baselines" not in needs:
+        _fail("algorithm.adv_estimator", alg.adv_estimator,
+              "--algo remax needs the 'remax' estimator (or one registered with needs=('reward_baselines',))")
     if config.algo == "safe_rlhf":
         if not config.cost_model.enable:
             _fail("cost_model.enable", config.cost_model.enable, "--algo safe_rlhf needs a cost model")
-        if alg.adv_estimator != "gae" or not config.critic.enable:
+        if "values" not in needs or not config.critic.enable:
             _fail("algorithm.adv_estimator", alg.adv_estimator, "--algo safe_rlhf uses GAE with reward and cost critics")
     if config.actor.ptx_coef > 0 and not config.data.ptx_files:
         _fail("data.ptx_files", config.data.ptx_files, f"actor.ptx_coef={config.actor.ptx_coef} needs pre-training texts")
