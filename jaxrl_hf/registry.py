@@ -33,7 +33,8 @@ class Registry(Generic[F]):
         unknown = sorted(set(metadata) - set(self.metadata_defaults))
         if unknown:
             raise TypeError(
-                f"{self.kind} {name!r}: unknown registration keyword(s) {unknown}; valid: {sorted(self.metadata_defaults)}"
+                f"{self.kind} {name!r}: unknown registration keyword(s) {unknown}; "
+                f"valid: {sorted(self.metadata_defaults)}"
             )
         info = MappingProxyType({**self.metadata_defaults, **metadata})
 

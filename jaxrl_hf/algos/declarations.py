@@ -36,7 +36,8 @@ def check_accepts(owner: str, fn: Callable, needs: Sequence[str]) -> None:
         raise TypeError(f"{owner}: declares needs={tuple(needs)} but {fn.__name__}() has no parameter(s) {missing}")
 
 
-def register_declared(registry: Registry[F], name: str, override: bool, metadata: Mapping[str, Any]) -> Callable[[F], F]:
+def register_declared(registry: Registry[F], name: str, override: bool,
+                      metadata: Mapping[str, Any]) -> Callable[[F], F]:
     """``registry.register(name, **metadata)`` with ``needs`` normalised and checked against the function."""
     owner = f"{registry.kind} {name!r}"
     metadata = dict(metadata)

@@ -32,7 +32,8 @@ KLEstimatorFn = Callable[[Array, Array], Array]
 KL_ESTIMATORS: Registry[KLEstimatorFn] = Registry("KL estimator", metadata={"straight_through": True})
 
 
-def register_kl_estimator(name: str, *, override: bool = False, **metadata: Any) -> Callable[[KLEstimatorFn], KLEstimatorFn]:
+def register_kl_estimator(name: str, *, override: bool = False,
+                          **metadata: Any) -> Callable[[KLEstimatorFn], KLEstimatorFn]:
     """Decorator: make ``fn(log_prob, ref_log_prob) -> per-token KL`` available by ``name`` and, unless
     ``straight_through=False``, by ``name + "+"`` (its value with k2's gradient, module docstring)."""
     register = KL_ESTIMATORS.register(name, override=override, **metadata)

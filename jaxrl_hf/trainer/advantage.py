@@ -94,8 +94,9 @@ def compute_advantage(batch: Batch, cfg: AlgorithmConfig, rewards_key: str = "to
     """
     estimator = get_adv_estimator(cfg.adv_estimator)
     mask = jnp.asarray(batch["response_mask"], jnp.float32)
-    scalars = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
-    options = adv_estimator_options(cfg.adv_estimator, {k: v for k, v in scalars.items() if not dataclasses.is_dataclass(v)})
+    fields = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
+    scalars = {k: v for k, v in fields.items() if not dataclasses.is_dataclass(v)}  # not kl_ctrl, filter_groups ...
+    options = adv_estimator_options(cfg.adv_estimator, scalars)
     inputs = estimator_inputs(batch, cfg.adv_estimator, values_key)
     adv, ret = estimator(jnp.asarray(batch[rewards_key], jnp.float32), mask, **inputs, **options)
     return Batch.from_dict({"advantages": np.asarray(adv, np.float32), "returns": np.asarray(ret, np.float32)})
