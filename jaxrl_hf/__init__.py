@@ -11,6 +11,7 @@ Sub-packages, one concern each:
   data/        datasets and resumable loaders
   placement/   auto device mapping (HybridFlow Algorithm 1)
   registry.py  the name -> object registry every pluggable piece is looked up in
+  user_modules.py  imports the user's own code (``--import``) so what it registers is there by name
   mesh         device meshes, logical-axis rule sets, the 3D-HybridEngine (the repository's top-level ``mesh/``)
 
 The design keeps the mesh code in a top-level ``mesh/`` folder. It is never a bare top-level module: an install

@@ -3,13 +3,20 @@
 Registries (names are verl's config values, so configs and results carry over):
 
 * ``get_adv_estimator(name)`` — ``gae``, ``grpo``, ``grpo_passk``, ``rloo``, ``opo``, ``reinforce_plus_plus``,
-  ``reinforce_plus_plus_baseline``, ``remax``, ``gpg``; add your own with ``@register_adv_estimator(name)``.
+  ``reinforce_plus_plus_baseline``, ``remax``, ``gpg``; add your own with
+  ``@register_adv_estimator(name, needs=("index",))`` (``needs``: the batch inputs it cannot work without).
 * ``get_policy_loss(name)`` — ``vanilla`` (PPO clip + clip-higher + dual-clip), ``gspo``, ``cispo``, ``gpg``;
   add your own with ``@register_policy_loss(name)``.
+* ``kl_penalty(..., name)`` — ``KL_ESTIMATORS``; add your own with ``@register_kl_estimator(name)``.
+
+The registries are the only list of valid names: the run config is checked against them, so a function
+registered in a module given to ``launch/train.py --import`` is usable by name like a built-in.
 """
 
 from jaxrl_hf.algos.advantages import (
     ADV_ESTIMATORS,
+    adv_estimator_needs,
+    adv_estimator_options,
     compute_gae_advantage_return,
     compute_gpg_outcome_advantage,
     compute_grpo_outcome_advantage,
@@ -37,6 +44,7 @@ from jaxrl_hf.algos.kl import (
     apply_kl_penalty,
     init_kl_controller,
     kl_penalty,
+    register_kl_estimator,
     update_kl_controller,
 )
 from jaxrl_hf.algos.logits import entropy_from_logits, logprobs_from_logits, logsumexp_from_logits
@@ -48,6 +56,7 @@ from jaxrl_hf.algos.policy_losses import (
     compute_policy_loss_gspo,
     compute_policy_loss_vanilla,
     get_policy_loss,
+    policy_loss_needs,
     register_policy_loss,
 )
 from jaxrl_hf.algos.rollout_correction import (

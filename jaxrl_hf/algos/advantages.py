@@ -1,18 +1,24 @@
 """Advantage estimators: ``fn(token_level_rewards, response_mask, *, index, values, reward_baselines, gamma,
 lam, norm_adv_by_std_in_grpo, ...) -> (advantages, returns)``, all ``[B, T]``.
 
-Names follow verl's ``algorithm.adv_estimator`` values. Each function accepts (and ignores) the keywords
-it does not use, so a trainer can call every estimator the same way. Group membership is
-``index: [B]`` of integer prompt ids (the n samples of one prompt share an id).
+Names follow verl's ``algorithm.adv_estimator`` values. Each estimator declares the batch inputs it cannot
+work without (``@register_adv_estimator("grpo", needs=("index",))``); the trainer passes exactly those, plus
+the ``algorithm.*`` values its signature names (``gamma``, ``lam``, ``norm_adv_by_std_in_grpo``). Inputs:
+``index: [B]`` integer prompt ids (the n samples of one prompt share an id; needing it means ``rollout.n >= 2``),
+``values: [B, T]`` (the critic's; needing them turns the critic on), ``reward_baselines: [B]`` (ReMax's greedy
+reward), or any other batch column by its name. Each built-in also accepts (and ignores) keywords it does not
+use, so every estimator can be called the same way.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Protocol
+from collections.abc import Mapping
+from typing import Any, Callable, Protocol
 
 import jax
 import jax.numpy as jnp
 
+from jaxrl_hf.algos.declarations import keyword_parameters, register_declared
 from jaxrl_hf.algos.masked import group_count, group_ids, group_mean, group_std, masked_whiten
 from jaxrl_hf.registry import Registry
 
@@ -23,17 +29,32 @@ class AdvantageEstimator(Protocol):
     def __call__(self, token_level_rewards: Array, response_mask: Array, **kwargs) -> tuple[Array, Array]: ...
 
 
-ADV_ESTIMATORS: Registry[Callable[..., tuple[Array, Array]]] = Registry("advantage estimator")
+ADV_ESTIMATORS: Registry[Callable[..., tuple[Array, Array]]] = Registry("advantage estimator", metadata={"needs": ()})
 
 
-def register_adv_estimator(name: str, *, override: bool = False):
-    """Decorator: make ``fn`` available as ``algorithm.adv_estimator=name``."""
-    return ADV_ESTIMATORS.register(name, override=override)
+def register_adv_estimator(name: str, *, override: bool = False, **metadata: Any):
+    """Decorator: make ``fn`` available as ``algorithm.adv_estimator=name``.
+
+    ``needs=("index",)`` (or ``"values"``, ``"reward_baselines"``, a batch column's name) lists the inputs the
+    estimator cannot work without (module docstring); ``fn`` must accept each as a keyword.
+    """
+    return register_declared(ADV_ESTIMATORS, name, override, metadata)
 
 
 def get_adv_estimator(name: str) -> Callable[..., tuple[Array, Array]]:
     """Looks an estimator up by name; an unknown name raises and lists the valid ones."""
     return ADV_ESTIMATORS.get(name)
+
+
+def adv_estimator_needs(name: str) -> tuple[str, ...]:
+    """The inputs estimator ``name`` declared with ``needs=`` (unknown names raise listing the valid ones)."""
+    return ADV_ESTIMATORS.info(name)["needs"]
+
+
+def adv_estimator_options(name: str, values: Mapping[str, Any]) -> dict[str, Any]:
+    """The entries of ``values`` (e.g. the ``algorithm`` section's scalars) that estimator ``name`` names as
+    keyword parameters: what a caller passes besides the needed inputs."""
+    return {key: values[key] for key in keyword_parameters(get_adv_estimator(name)) if key in values}
 
 
 def _require(name: str, **arrays) -> None:
@@ -56,7 +77,7 @@ def _check_shapes(name: str, token_level_rewards: Array, response_mask: Array, i
         raise ValueError(f"{name}: index must be [batch]={token_level_rewards.shape[0]}, got {jnp.shape(index)}")
 
 
-@register_adv_estimator("gae")
+@register_adv_estimator("gae", needs=("values",))
 def compute_gae_advantage_return(
     token_level_rewards: Array,
     response_mask: Array,
@@ -94,7 +115,7 @@ def compute_gae_advantage_return(
     return masked_whiten(advantages, mask), returns
 
 
-@register_adv_estimator("grpo")
+@register_adv_estimator("grpo", needs=("index",))
 def compute_grpo_outcome_advantage(
     token_level_rewards: Array,
     response_mask: Array,
@@ -124,7 +145,7 @@ def compute_grpo_outcome_advantage(
     return adv, adv
 
 
-@register_adv_estimator("grpo_passk")
+@register_adv_estimator("grpo_passk", needs=("index",))
 def compute_grpo_passk_outcome_advantage(
     token_level_rewards: Array,
     response_mask: Array,
@@ -157,7 +178,7 @@ def compute_grpo_passk_outcome_advantage(
     return adv, adv
 
 
-@register_adv_estimator("rloo")
+@register_adv_estimator("rloo", needs=("index",))
 def compute_rloo_outcome_advantage(
     token_level_rewards: Array, response_mask: Array, *, index: Array | None = None, **_: object
 ) -> tuple[Array, Array]:
@@ -176,7 +197,7 @@ def compute_rloo_outcome_advantage(
     return adv, adv
 
 
-@register_adv_estimator("opo")
+@register_adv_estimator("opo", needs=("index",))
 def compute_opo_outcome_advantage(
     token_level_rewards: Array, response_mask: Array, *, index: Array | None = None, **_: object
 ) -> tuple[Array, Array]:
@@ -215,7 +236,7 @@ def compute_reinforce_plus_plus_outcome_advantage(
     return advantages, returns
 
 
-@register_adv_estimator("reinforce_plus_plus_baseline")
+@register_adv_estimator("reinforce_plus_plus_baseline", needs=("index",))
 def compute_reinforce_plus_plus_baseline_outcome_advantage(
     token_level_rewards: Array, response_mask: Array, *, index: Array | None = None, **_: object
 ) -> tuple[Array, Array]:
@@ -232,7 +253,7 @@ def compute_reinforce_plus_plus_baseline_outcome_advantage(
     return adv, adv
 
 
-@register_adv_estimator("remax")
+@register_adv_estimator("remax", needs=("reward_baselines",))
 def compute_remax_outcome_advantage(
     token_level_rewards: Array, response_mask: Array, *, reward_baselines: Array | None = None, **_: object
 ) -> tuple[Array, Array]:
@@ -246,7 +267,7 @@ def compute_remax_outcome_advantage(
     return advantages, returns
 
 
-@register_adv_estimator("gpg")
+@register_adv_estimator("gpg", needs=("index",))
 def compute_gpg_outcome_advantage(
     token_level_rewards: Array,
     response_mask: Array,

@@ -10,52 +10,89 @@ Estimators (Schulman, "Approximating KL divergence", 2020), with x = log π − 
 * ``<name>+``                straight-through: the *value* of ``<name>`` with the *gradient* of k2, i.e.
                              sg(base) + k2 − sg(k2). k2's gradient is the unbiased gradient of KL(π‖π_ref)
                              when tokens are sampled from π (the k1/k3 gradients are not).
+
+Add one with ``@register_kl_estimator(name)`` (its ``<name>+`` form comes with it).
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from jaxrl_hf.algos.masked import masked_mean
+from jaxrl_hf.registry import Registry
 
 Array = jax.Array
 
-KL_ESTIMATORS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full")
+KLEstimatorFn = Callable[[Array, Array], Array]
+
+#: ``algorithm.kl_penalty`` / ``actor.kl_loss_type`` names: every estimator above and its ``<name>+`` form.
+KL_ESTIMATORS: Registry[KLEstimatorFn] = Registry("KL estimator", metadata={"straight_through": True})
 
 
-def _base_kl(log_prob: Array, ref_log_prob: Array, name: str) -> Array:
-    if name in ("kl", "k1"):
-        return log_prob - ref_log_prob
-    if name == "abs":
-        return jnp.abs(log_prob - ref_log_prob)
-    if name in ("mse", "k2"):
-        return 0.5 * jnp.square(log_prob - ref_log_prob)
-    if name in ("low_var_kl", "k3"):
-        kl = jnp.clip(ref_log_prob - log_prob, -20.0, 20.0)
-        return jnp.clip(jnp.exp(kl) - kl - 1.0, -10.0, 10.0)
-    if name == "full":
-        logp = jax.nn.log_softmax(log_prob.astype(jnp.float32), axis=-1)
-        logq = jax.nn.log_softmax(ref_log_prob.astype(jnp.float32), axis=-1)
-        return jnp.sum(jnp.exp(logp) * (logp - logq), axis=-1)
-    valid = list(KL_ESTIMATORS) + [k + "+" for k in KL_ESTIMATORS if k != "full"]
-    raise ValueError(f"unknown kl_penalty {name!r}; valid: {valid}")
+def register_kl_estimator(name: str, *, override: bool = False,
+                          **metadata: Any) -> Callable[[KLEstimatorFn], KLEstimatorFn]:
+    """Decorator: make ``fn(log_prob, ref_log_prob) -> per-token KL`` available by ``name`` and, unless
+    ``straight_through=False``, by ``name + "+"`` (its value with k2's gradient, module docstring)."""
+    register = KL_ESTIMATORS.register(name, override=override, **metadata)
+    register_plus = KL_ESTIMATORS.register(name + "+", override=override, straight_through=False)
+
+    def decorator(fn: KLEstimatorFn) -> KLEstimatorFn:
+        register(fn)
+        if KL_ESTIMATORS.info(name)["straight_through"]:
+            register_plus(_straight_through(fn))
+        return fn
+
+    return decorator
+
+
+def _straight_through(base: KLEstimatorFn) -> KLEstimatorFn:
+    def value_of_base_gradient_of_k2(log_prob: Array, ref_log_prob: Array) -> Array:
+        k2 = 0.5 * jnp.square(log_prob - ref_log_prob)
+        sg = jax.lax.stop_gradient
+        return sg(base(log_prob, ref_log_prob)) + (k2 - sg(k2))
+
+    return value_of_base_gradient_of_k2
+
+
+@register_kl_estimator("kl")
+@register_kl_estimator("k1")
+def kl_k1(log_prob: Array, ref_log_prob: Array) -> Array:
+    return log_prob - ref_log_prob
+
+
+@register_kl_estimator("abs")
+def kl_abs(log_prob: Array, ref_log_prob: Array) -> Array:
+    return jnp.abs(log_prob - ref_log_prob)
+
+
+@register_kl_estimator("mse")
+@register_kl_estimator("k2")
+def kl_k2(log_prob: Array, ref_log_prob: Array) -> Array:
+    return 0.5 * jnp.square(log_prob - ref_log_prob)
+
+
+@register_kl_estimator("low_var_kl")
+@register_kl_estimator("k3")
+def kl_k3(log_prob: Array, ref_log_prob: Array) -> Array:
+    kl = jnp.clip(ref_log_prob - log_prob, -20.0, 20.0)
+    return jnp.clip(jnp.exp(kl) - kl - 1.0, -10.0, 10.0)
+
+
+@register_kl_estimator("full", straight_through=False)  # already the exact gradient
+def kl_full(log_prob: Array, ref_log_prob: Array) -> Array:
+    logp = jax.nn.log_softmax(log_prob.astype(jnp.float32), axis=-1)
+    logq = jax.nn.log_softmax(ref_log_prob.astype(jnp.float32), axis=-1)
+    return jnp.sum(jnp.exp(logp) * (logp - logq), axis=-1)
 
 
 def kl_penalty(log_prob: Array, ref_log_prob: Array, kl_penalty: str = "low_var_kl") -> Array:
     """Per-token KL estimate (formulas in the module docstring). ``full`` takes ``[..., V]`` log-probs or
-    logits and returns ``[...]``; all others take and return ``[B, T]``."""
-    if kl_penalty.endswith("+"):
-        base_name = kl_penalty[:-1]
-        if base_name == "full":
-            raise ValueError("kl_penalty 'full+' is not defined: 'full' already has the exact gradient")
-        base = _base_kl(log_prob, ref_log_prob, base_name)
-        k2 = 0.5 * jnp.square(log_prob - ref_log_prob)
-        sg = jax.lax.stop_gradient
-        return sg(base) + (k2 - sg(k2))
-    return _base_kl(log_prob, ref_log_prob, kl_penalty)
+    logits and returns ``[...]``; all others take and return ``[B, T]``. Unknown names raise listing the valid
+    ones (`KL_ESTIMATORS`)."""
+    return KL_ESTIMATORS.get(kl_penalty)(log_prob, ref_log_prob)
 
 
 def apply_kl_penalty(

@@ -5,37 +5,46 @@ Names follow verl's ``actor.policy_loss.loss_mode``. ``metrics`` always holds ``
 ``pg_clipfrac_lower`` and ``ppo_kl`` (scalars), so a trainer logs every loss the same way.
 ``rollout_is_weights`` (from :mod:`jaxrl_hf.algos.rollout_correction`) multiply the per-token losses
 before aggregation. ``global_denominator`` / ``loss_scale_factor`` are passed to :func:`agg_loss` (exact
-gradient accumulation, see :mod:`jaxrl_hf.algos.aggregation`).
+gradient accumulation, see :mod:`jaxrl_hf.algos.aggregation`). A loss that needs more of the batch declares it,
+``@register_policy_loss("name", needs=("ref_log_prob",))``: the actor then requires those columns in
+``update_actor`` and passes them to the loss by name (per micro-batch).
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 
 from jaxrl_hf.algos.aggregation import agg_loss
+from jaxrl_hf.algos.declarations import register_declared
 from jaxrl_hf.algos.masked import masked_mean
 from jaxrl_hf.registry import Registry
 
 Array = jax.Array
 PolicyLossFn = Callable[..., tuple[Array, dict[str, Array]]]
 
-POLICY_LOSSES: Registry[PolicyLossFn] = Registry("policy loss")
+POLICY_LOSSES: Registry[PolicyLossFn] = Registry("policy loss", metadata={"needs": ()})
 
 #: Log-ratio clamp (±20) applied before exp() for numerical safety, as in verl.
 LOG_RATIO_CLAMP = 20.0
 
 
-def register_policy_loss(name: str, *, override: bool = False):
-    """Decorator: make ``fn`` available as ``actor.policy_loss.loss_mode=name``."""
-    return POLICY_LOSSES.register(name, override=override)
+def register_policy_loss(name: str, *, override: bool = False, **metadata: Any):
+    """Decorator: make ``fn`` available as ``actor.policy_loss.loss_mode=name``; ``needs=(column, ...)`` names
+    extra batch columns the loss takes as keywords (module docstring)."""
+    return register_declared(POLICY_LOSSES, name, override, metadata)
 
 
 def get_policy_loss(name: str) -> PolicyLossFn:
     """Looks a policy loss up by name; an unknown name raises and lists the valid ones."""
     return POLICY_LOSSES.get(name)
+
+
+def policy_loss_needs(name: str) -> tuple[str, ...]:
+    """The extra batch columns policy loss ``name`` declared with ``needs=``."""
+    return POLICY_LOSSES.info(name)["needs"]
 
 
 def _clip_range(clip_ratio: float, clip_ratio_low: float | None, clip_ratio_high: float | None) -> tuple[float, float]:

@@ -1,7 +1,8 @@
 """Load a run config: embedded defaults <- ``configs/<algo>.yaml`` <- presets <- ``a.b=c`` overrides.
 
 ``load_config("dapo", preset="smoke", overrides=["actor.clip_ratio_high=0.28"])`` returns a validated,
-fully resolved ``RunConfig``. Every layer is checked key by key against the schema, so a typo in a YAML
+fully resolved ``RunConfig``; the modules in its ``imports`` are imported first (they may register names the
+config uses). Every layer is checked key by key against the schema, so a typo in a YAML
 file or on the command line fails with the file/argument, the dotted key and the valid keys there.
 """
 
@@ -21,6 +22,7 @@ from jaxrl_hf.config.build import ConfigError, build_dataclass, field_types
 from jaxrl_hf.config.resolve import resolve_defaults
 from jaxrl_hf.config.schema import ALGOS, RunConfig
 from jaxrl_hf.config.validate import validate_config
+from jaxrl_hf.user_modules import UserModuleError, import_user_modules
 
 # verl spellings accepted on the command line / in YAML, mapped to this schema's keys.
 KEY_ALIASES: dict[str, str] = {
@@ -146,8 +148,12 @@ def preset_path(name: str) -> Path:
     return path
 
 
-def load_config(algo: str, preset: str | Sequence[str] | None = None, overrides: Iterable[str] = ()) -> RunConfig:
-    """The validated ``RunConfig`` for ``algo`` with ``preset`` (name, comma list or paths) and overrides."""
+def load_config(algo: str, preset: str | Sequence[str] | None = None, overrides: Iterable[str] = (),
+                imports: Iterable[str] = ()) -> RunConfig:
+    """The validated ``RunConfig`` for ``algo`` with ``preset`` (name, comma list or paths) and overrides.
+
+    ``imports`` (``launch/train.py --import``) are added to the config's ``imports``; all of them are imported
+    before the config is validated (`import_config_modules`)."""
     if algo not in ALGOS:
         raise ConfigError(f"unknown algorithm {algo!r}; valid: {list(ALGOS)}")
     data = RunConfig(algo=algo).to_dict()
@@ -163,6 +169,7 @@ def load_config(algo: str, preset: str | Sequence[str] | None = None, overrides:
     if data.get("algo") != algo:
         raise ConfigError(f"config key 'algo' is {data.get('algo')!r} but --algo is {algo!r}; set the algorithm with --algo")
     config = build_dataclass(RunConfig, data)
+    config = import_config_modules(dataclasses.replace(config, imports=[*config.imports, *imports]))
     config = resolve_defaults(config)
     validate_config(config)
     return config
@@ -170,9 +177,19 @@ def load_config(algo: str, preset: str | Sequence[str] | None = None, overrides:
 
 def config_from_dict(data: dict[str, Any]) -> RunConfig:
     """A validated ``RunConfig`` from a full nested dict (e.g. a run's saved ``config.yaml``)."""
-    config = resolve_defaults(build_dataclass(RunConfig, copy.deepcopy(data)))
+    config = resolve_defaults(import_config_modules(build_dataclass(RunConfig, copy.deepcopy(data))))
     validate_config(config)
     return config
+
+
+def import_config_modules(config: RunConfig) -> RunConfig:
+    """Import ``config.imports`` in this process (what they register becomes valid config values); returns the
+    config with each entry in canonical form (``.py`` paths absolute), as the worker processes import them."""
+    try:
+        imports = import_user_modules(config.imports)
+    except UserModuleError as err:
+        raise ConfigError(f"{err} (from --import or the config key 'imports')") from None
+    return dataclasses.replace(config, imports=imports)
 
 
 def dump_config(config: RunConfig, path: str | os.PathLike) -> None:

@@ -8,10 +8,14 @@ from jaxrl_hf.config.schema import RunConfig
 
 
 def critic_enabled(config: RunConfig) -> bool:
-    """Whether the run has a critic: ``critic.enable`` if set, else exactly for GAE."""
+    """Whether the run has a critic: ``critic.enable`` if set, else exactly when the estimator needs ``values``
+    (GAE; an unknown estimator name is left to validation)."""
+    from jaxrl_hf.algos.advantages import ADV_ESTIMATORS, adv_estimator_needs
+
     if config.critic.enable is not None:
         return config.critic.enable
-    return config.algorithm.adv_estimator == "gae"
+    name = config.algorithm.adv_estimator
+    return name in ADV_ESTIMATORS and "values" in adv_estimator_needs(name)
 
 
 def resolve_defaults(config: RunConfig) -> RunConfig:

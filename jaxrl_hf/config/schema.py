@@ -117,7 +117,8 @@ class OptimConfig:
 
 @dataclass
 class PolicyLossConfig:
-    loss_mode: Literal["vanilla", "gspo", "cispo", "gpg"] = "vanilla"
+    loss_mode: str = "vanilla"
+    """A name in ``jaxrl_hf.algos.POLICY_LOSSES`` (``vanilla``, ``gspo``, ``cispo``, ``gpg``, or an ``imports`` one)."""
 
 
 @dataclass
@@ -231,7 +232,7 @@ class RefConfig:
 
 @dataclass
 class CriticConfig:
-    """Value model (PPO). ``enable=None``: on exactly when ``algorithm.adv_estimator == 'gae'``."""
+    """Value model (PPO). ``enable=None``: on exactly when ``algorithm.adv_estimator`` needs ``values`` (``gae``)."""
 
     enable: Optional[bool] = None
     model: Optional[ModelConfig] = None
@@ -335,9 +336,8 @@ class SafeRLHFConfig:
 class AlgorithmConfig:
     """Advantage estimation and reward shaping (verl ``algorithm``)."""
 
-    adv_estimator: Literal[
-        "gae", "grpo", "grpo_passk", "rloo", "opo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "gpg"
-    ] = "grpo"
+    adv_estimator: str = "grpo"
+    """A name in ``jaxrl_hf.algos.ADV_ESTIMATORS`` (``gae``, ``grpo``, ``rloo``, ... or an ``imports`` one)."""
     gamma: float = 1.0
     lam: float = 1.0
     norm_adv_by_std_in_grpo: bool = True
@@ -449,6 +449,9 @@ class RunConfig:
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     placement: PlacementConfig = field(default_factory=PlacementConfig)
+    imports: list[str] = field(default_factory=list)
+    """Python files (``.py`` paths) or module names imported in the driver before the config is validated and in
+    every worker process before its workers start, for what they register (``launch/train.py --import``)."""
 
     def to_dict(self) -> dict[str, Any]:
         """Plain nested dict (what the workers receive)."""

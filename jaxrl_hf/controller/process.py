@@ -86,6 +86,16 @@ class ProcessHost:
             "local_device_count": jax.local_device_count(),
         }
 
+    def import_user_modules(self, specs: tuple[str, ...]) -> None:
+        """Import the pool's user modules in this process (`jaxrl_hf.user_modules`), before any role exists."""
+        from jaxrl_hf.user_modules import import_user_modules
+
+        try:
+            import_user_modules(specs)
+        except Exception as err:  # noqa: BLE001 - reported with pool/rank to the driver
+            raise WorkerMethodError("<pool>", self.rank, "import_user_modules", type(err).__name__,
+                                    traceback.format_exc()) from None
+
     def pid(self) -> int:
         """OS process id (tests use it to kill a process)."""
         return os.getpid()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import threading
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 import ray
@@ -46,6 +47,8 @@ class ResourcePool:
       use_gpu: one GPU per process; default: whether the Ray cluster has GPUs.
       strategy: placement group strategy (PACK keeps a pool on few nodes).
       ready_timeout_s: how long to wait for resources and for the JAX program to form.
+      imports: ``.py`` files / module names every process imports after joining the JAX program and before
+        any worker is created (user code registering estimators, losses ...; `jaxrl_hf.user_modules`).
     """
 
     def __init__(
@@ -58,6 +61,7 @@ class ResourcePool:
         use_gpu: bool | None = None,
         strategy: str = "PACK",
         ready_timeout_s: float = 120.0,
+        imports: Sequence[str] = (),
     ):
         if not isinstance(name, str) or not name:
             raise ValueError(f"ResourcePool name must be a non-empty string, got {name!r}")
@@ -78,6 +82,7 @@ class ResourcePool:
         self.use_gpu = use_gpu
         self.strategy = strategy
         self.ready_timeout_s = ready_timeout_s
+        self.imports = tuple(imports)
         self.submit_lock = threading.RLock()  # one submission order for all ranks (SPMD lockstep)
         self._hosts: list[Any] | None = None
         self._placement_group = None
@@ -152,6 +157,7 @@ class ResourcePool:
             hosts = [self._spawn(group, rank, bundle) for rank in range(self.num_processes)]
             try:
                 self._process_info = self._join(hosts)
+                self._import_user_modules(hosts)
             except BaseException:
                 self._kill(hosts)
                 remove_placement_group(group)
@@ -199,6 +205,13 @@ class ResourcePool:
                     f"processes / {item['device_count']} devices, expected {self.num_processes} / {expected}"
                 )
         return info
+
+    def _import_user_modules(self, hosts: list[Any]) -> None:
+        if self.imports:
+            from jaxrl_hf.controller.futures import gather_results
+
+            gather_results([h.import_user_modules.remote(self.imports) for h in hosts], self.name, "<pool>",
+                           "import_user_modules", self.ready_timeout_s)
 
     @staticmethod
     def _kill(hosts: list[Any]) -> None:

@@ -4,18 +4,21 @@ Pure in effect: each function returns new columns; the math is ``jaxrl_hf.algos`
 
 * ``kl_in_reward``: r_t = score_t − β·KL(π_old‖π_ref)_t (InstructGPT; HybridFlow PPO), β from the fixed or
   adaptive controller (Ziegler et al. 2019), which is updated with the batch KL.
-* ``compute_advantage``: the configured estimator (GAE eq.2–3, GRPO eq.4–6, RLOO, REINFORCE++, ReMax ...).
+* ``compute_advantage``: the configured estimator (GAE eq.2–3, GRPO eq.4–6, RLOO, REINFORCE++, ReMax ...), called
+  with the inputs its registration declares (``needs=``), so a user-registered estimator runs the same way.
 * ``safe_rlhf_advantage``: Safe-RLHF's Lagrangian combination A = (A_r − λ·A_c) / (1 + λ).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_hf.algos import apply_kl_penalty, get_adv_estimator, init_kl_controller, update_kl_controller
+from jaxrl_hf.algos import (adv_estimator_needs, adv_estimator_options, apply_kl_penalty, get_adv_estimator,
+                            init_kl_controller, update_kl_controller)
 from jaxrl_hf.config.schema import AlgorithmConfig, KLControlConfig
 from jaxrl_hf.controller import Batch
 
@@ -58,26 +61,44 @@ def kl_in_reward(batch: Batch, kl_ctrl: KLController, kl_penalty: str) -> tuple[
     return Batch.from_dict({"token_level_rewards": np.asarray(rewards, np.float32)}), metrics
 
 
+#: Batch column each estimator input is read from, where it is not the input's own name (``values``: the
+#: ``values_key`` column; ``index``: the dense renumbering of ``uid``).
+INPUT_COLUMNS = {"index": "uid"}
+
+
+def estimator_inputs(batch: Batch, name: str, values_key: str = "values") -> dict[str, Any]:
+    """The inputs estimator ``name`` declared with ``needs=``, read from ``batch``; a missing column raises
+    naming the estimator and the column."""
+    inputs: dict[str, Any] = {}
+    for need in adv_estimator_needs(name):
+        column = values_key if need == "values" else INPUT_COLUMNS.get(need, need)
+        if column not in batch:
+            raise ValueError(f"advantage estimator {name!r} needs batch column {column!r} (its `{need}` input); "
+                             f"the batch has {sorted(batch.keys())}")
+        value = batch[column]
+        if need == "index":
+            inputs[need] = jnp.asarray(dense_uid(np.asarray(value)))
+        elif isinstance(value, np.ndarray) and value.dtype.kind in "fiub":
+            inputs[need] = jnp.asarray(value, jnp.float32 if value.dtype.kind == "f" else value.dtype)
+        else:
+            inputs[need] = value
+    return inputs
+
+
 def compute_advantage(batch: Batch, cfg: AlgorithmConfig, rewards_key: str = "token_level_rewards",
                       values_key: str = "values") -> Batch:
     """``advantages``/``returns`` [B, R] from ``batch[rewards_key]`` with ``cfg.adv_estimator``.
 
-    Group estimators use ``uid`` as the group index; GAE uses ``batch[values_key]``; ReMax uses
-    ``reward_baselines`` (the greedy rollout's score).
+    The estimator gets what it declared (`estimator_inputs`: group estimators ``uid`` as the group index, GAE
+    ``batch[values_key]``, ReMax ``reward_baselines``) and the ``algorithm`` values its signature names.
     """
     estimator = get_adv_estimator(cfg.adv_estimator)
     mask = jnp.asarray(batch["response_mask"], jnp.float32)
-    kwargs = dict(
-        index=jnp.asarray(dense_uid(np.asarray(batch["uid"]))) if "uid" in batch else None,
-        gamma=cfg.gamma, lam=cfg.lam, norm_adv_by_std_in_grpo=cfg.norm_adv_by_std_in_grpo,
-    )
-    if values_key in batch:
-        kwargs["values"] = jnp.asarray(batch[values_key], jnp.float32)
-    if "reward_baselines" in batch:
-        kwargs["reward_baselines"] = jnp.asarray(batch["reward_baselines"], jnp.float32)
-    if cfg.adv_estimator == "gae" and "values" not in kwargs:
-        raise ValueError(f"adv_estimator 'gae' needs '{values_key}' from the critic; batch has {batch.keys()}")
-    adv, ret = estimator(jnp.asarray(batch[rewards_key], jnp.float32), mask, **kwargs)
+    fields = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
+    scalars = {k: v for k, v in fields.items() if not dataclasses.is_dataclass(v)}  # not kl_ctrl, filter_groups ...
+    options = adv_estimator_options(cfg.adv_estimator, scalars)
+    inputs = estimator_inputs(batch, cfg.adv_estimator, values_key)
+    adv, ret = estimator(jnp.asarray(batch[rewards_key], jnp.float32), mask, **inputs, **options)
     return Batch.from_dict({"advantages": np.asarray(adv, np.float32), "returns": np.asarray(ret, np.float32)})
 
 
@@ -98,5 +119,5 @@ def update_lagrange(lagrange: float, mean_cost: float, cost_limit: float, lr: fl
     return float(min(max(lagrange + lr * (mean_cost - cost_limit), 0.0), lambda_max))
 
 
-__all__ = ["KLController", "compute_advantage", "dense_uid", "kl_in_reward",
+__all__ = ["KLController", "compute_advantage", "dense_uid", "estimator_inputs", "kl_in_reward",
            "safe_rlhf_advantage", "update_lagrange"]

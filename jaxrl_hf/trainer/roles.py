@@ -4,6 +4,8 @@
 * the critic (and Safe-RLHF's cost critic) share the actor pool when ``placement.critic.colocate`` (time-
   shared processes) or get their own pool (concurrent stages);
 * the reward/cost models likewise with ``placement.reward``.
+
+Every pool's processes import the config's ``imports`` before any worker is created in them.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ class RoleBuilder(contextlib.AbstractContextManager):
         procs = pool_cfg.num_processes if pool_cfg else p.num_processes
         devices = pool_cfg.devices_per_process if pool_cfg else p.devices_per_process
         pool = ResourcePool(name, procs, devices, cpus_per_process=p.cpus_per_process,
-                            ready_timeout_s=self.config.trainer.ray_init_timeout_s)
+                            ready_timeout_s=self.config.trainer.ray_init_timeout_s, imports=self.config.imports)
         self.pools.append(pool)
         return pool
 

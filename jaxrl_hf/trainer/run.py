@@ -269,10 +269,12 @@ def _headline(metrics: dict[str, float]) -> str:
     return ", ".join(f"{k[len('val-core/'):k.rindex('/acc/')]} acc={metrics[k]:.3f}" for k in keys) or "(no accuracy metric)"
 
 
-def run(algo: str, preset: str | None = None, overrides: list[str] | tuple[str, ...] = ()) -> int:
-    """Load the config and train; returns the process exit status (2 = bad config, 3 = data exhausted)."""
+def run(algo: str, preset: str | None = None, overrides: list[str] | tuple[str, ...] = (),
+        imports: list[str] | tuple[str, ...] = ()) -> int:
+    """Load the config and train; returns the process exit status (2 = bad config, 3 = data exhausted).
+    ``imports`` (``--import``): files / modules imported before the config is validated and in every worker."""
     try:
-        config = load_config(algo, preset, list(overrides))
+        config = load_config(algo, preset, list(overrides), imports=list(imports))
     except ConfigError as err:
         print(f"jaxrl_hf: config error: {err}", file=sys.stderr)
         return 2

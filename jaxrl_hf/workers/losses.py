@@ -94,6 +94,7 @@ class ActorLossConfig:
             keys.append("ref_log_prob")
         if self.rollout_correction_level is not None:
             keys.append("rollout_log_probs")
+        keys += [k for k in algos.policy_loss_needs(self.loss_mode) if k not in keys]
         return tuple(keys)
 
 
@@ -146,7 +147,8 @@ def actor_loss(params: Any, micro: Mapping[str, Array], denominator: Array, *, l
     pg_loss, pg_metrics = algos.get_policy_loss(cfg.loss_mode)(
         micro["old_log_probs"], log_prob, micro["advantages"], mask, loss_agg_mode=cfg.loss_agg_mode,
         clip_ratio=cfg.clip_ratio, clip_ratio_low=cfg.clip_ratio_low, clip_ratio_high=cfg.clip_ratio_high,
-        clip_ratio_c=cfg.clip_ratio_c, rollout_is_weights=weights, global_denominator=denominator)
+        clip_ratio_c=cfg.clip_ratio_c, rollout_is_weights=weights, global_denominator=denominator,
+        **{key: micro[key] for key in algos.policy_loss_needs(cfg.loss_mode)})
     entropy_share = algos.agg_loss(entropy, mask, cfg.loss_agg_mode, global_denominator=denominator)
     loss = pg_loss - cfg.entropy_coeff * entropy_share
     metrics = {"pg_loss": pg_loss, "entropy": jax.lax.stop_gradient(entropy_share), **pg_metrics}

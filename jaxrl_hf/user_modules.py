@@ -1,0 +1,95 @@
+"""Import the user's own code before anything looks a name up: ``launch/train.py --import FILE_OR_MODULE`` and the
+run config's ``imports`` list. A module that registers a function at import time (``@register_adv_estimator``,
+``@register_policy_loss`` ...) makes its name valid in the config like a built-in's, in the driver (before the
+config is validated) and in every worker process (before any worker is constructed). Dependency-free.
+
+A spec is a path to a ``.py`` file (made absolute, since worker processes may run elsewhere) or a dotted module
+name importable from ``sys.path`` / ``PYTHONPATH``. Importing is idempotent: a file is always loaded under the
+same module name (derived from its absolute path), so importing it again in the same process is a no-op and
+the registrations it makes run once per process.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import os
+import re
+import sys
+from collections.abc import Iterable
+from types import ModuleType
+
+
+class UserModuleError(ImportError):
+    """A user module named with ``--import`` / ``imports`` could not be imported; the message names it."""
+
+
+def is_file_spec(spec: str) -> bool:
+    """Whether ``spec`` names a file (ends in ``.py`` or contains a path separator) rather than a module."""
+    return spec.endswith(".py") or "/" in spec or os.sep in spec
+
+
+def canonical_spec(spec: str) -> str:
+    """A file spec as an absolute path; a module name unchanged. Empty or non-string specs raise."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise UserModuleError(f"import {spec!r}: expected a .py file path or a dotted module name")
+    spec = spec.strip()
+    return os.path.abspath(os.path.expanduser(spec)) if is_file_spec(spec) else spec
+
+
+def file_module_name(path: str) -> str:
+    """The module name a file is loaded under: stable for one absolute path, distinct for two files."""
+    stem = re.sub(r"\W", "_", os.path.splitext(os.path.basename(path))[0])
+    digest = hashlib.sha1(path.encode("utf-8")).hexdigest()[:10]
+    return f"jaxrl_hf_user_{stem}_{digest}"
+
+
+def _import_file(path: str) -> ModuleType:
+    if not os.path.isfile(path):
+        raise UserModuleError(f"import {path!r}: no such file")
+    name = file_module_name(path)
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise UserModuleError(f"import {path!r}: not loadable as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # before executing, as for a regular import (dataclasses, pickling by reference)
+    try:
+        spec.loader.exec_module(module)
+    except BaseException as err:
+        del sys.modules[name]
+        if not isinstance(err, Exception):
+            raise
+        raise UserModuleError(f"import {path!r} failed: {type(err).__name__}: {err}") from err
+    return module
+
+
+def _import_name(name: str) -> ModuleType:
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as err:
+        if err.name is not None and (name == err.name or name.startswith(err.name + ".")):
+            raise UserModuleError(
+                f"import {name!r}: no module named {err.name!r} on sys.path (set PYTHONPATH, or pass the path of "
+                "a .py file)") from err
+        raise UserModuleError(f"import {name!r} failed: {type(err).__name__}: {err}") from err
+    except Exception as err:
+        raise UserModuleError(f"import {name!r} failed: {type(err).__name__}: {err}") from err
+
+
+def import_user_module(spec: str) -> ModuleType:
+    """Import one spec (module docstring); failures raise `UserModuleError` naming it."""
+    spec = canonical_spec(spec)
+    return _import_file(spec) if is_file_spec(spec) else _import_name(spec)
+
+
+def import_user_modules(specs: Iterable[str]) -> list[str]:
+    """Import every spec in order; returns their canonical forms (what worker processes should import)."""
+    canonical = []
+    for spec in specs:
+        import_user_module(spec)
+        if canonical_spec(spec) not in canonical:
+            canonical.append(canonical_spec(spec))
+    return canonical
