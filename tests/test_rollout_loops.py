@@ -17,8 +17,8 @@ from jaxrl_hf.controller import Batch
 from jaxrl_hf.controller.worker import WorkerContext
 from jaxrl_hf.models import token_log_probs_and_entropy
 from jaxrl_hf.rollout import JaxGenerationEngine, RolloutEngine, SamplingParams
-from jaxrl_hf.rollout.loops import (GENERATED_COLUMNS, ROLLOUT_LOOPS, RolloutLoop, RolloutRequest, SingleTurnLoop,
-                                    follow_up_sampling, make_rollout_loop, register_rollout_loop, sequence_columns)
+from jaxrl_hf.rollout.loops import (ROLLOUT_LOOPS, RolloutLoop, RolloutRequest, SingleTurnLoop, follow_up_sampling,
+                                    make_rollout_loop, register_rollout_loop, sequence_columns)
 from jaxrl_hf.workers import ActorRolloutRefWorker
 from jaxrl_hf.workers.common import WorkerConfigError
 
@@ -26,6 +26,7 @@ CONFIG = tiny_config(vocab_size=61, eos_token_ids=(2,))
 PAD, EOS = 0, 2
 OBSERVATION = (5, 6, 7)  # the "tool output" the two-turn loop appends between its two generate calls
 TWO_TURN = "test_two_turn_observation"
+GENERATED = ("responses", "response_mask", "input_ids", "attention_mask", "position_ids", "rollout_log_probs")
 
 
 @register_rollout_loop(TWO_TURN)
@@ -167,7 +168,7 @@ def test_single_turn_columns_masks_interleaving_and_uid(engine):
     sampling = SamplingParams(n=n, max_new_tokens=max_new, seed=4)
     result = make_rollout_loop("single_turn").run(engine, request_of(batch, sampling, first_uid=30))
     out, objects = result.arrays, result.objects
-    assert set(GENERATED_COLUMNS) <= set(out)
+    assert set(out) == set(batch.arrays) | set(GENERATED) and set(objects) == {"ground_truth", "uid"}
     rows, width = 3 * n, batch["prompts"].shape[1]
     assert out["responses"].shape == out["response_mask"].shape == out["rollout_log_probs"].shape == (rows, max_new)
     assert out["input_ids"].shape == out["attention_mask"].shape == out["position_ids"].shape == (rows, width + max_new)

@@ -9,10 +9,10 @@ A new loop (e.g. a multi-turn tool-calling agent) subclasses `RolloutLoop`, deco
 ``@register_rollout_loop("name")`` and is selected with ``rollout.loop: name`` once its module is imported.
 """
 
-from jaxrl_hf.rollout.loops.base import (GENERATED_COLUMNS, ROLLOUT_LOOPS, RolloutLoop, RolloutRequest,
-                                         RolloutResult, follow_up_sampling, make_rollout_loop,
-                                         register_rollout_loop, sequence_columns)
+from jaxrl_hf.rollout.loops.base import (ROLLOUT_LOOPS, RolloutLoop, RolloutRequest, RolloutResult,
+                                         follow_up_sampling, make_rollout_loop, register_rollout_loop,
+                                         sequence_columns)
 from jaxrl_hf.rollout.loops.single_turn import SingleTurnLoop  # importing a loop's module registers it
 
-__all__ = ["GENERATED_COLUMNS", "ROLLOUT_LOOPS", "RolloutLoop", "RolloutRequest", "RolloutResult", "SingleTurnLoop",
-           "follow_up_sampling", "make_rollout_loop", "register_rollout_loop", "sequence_columns"]
+__all__ = ["ROLLOUT_LOOPS", "RolloutLoop", "RolloutRequest", "RolloutResult", "SingleTurnLoop", "follow_up_sampling",
+           "make_rollout_loop", "register_rollout_loop", "sequence_columns"]

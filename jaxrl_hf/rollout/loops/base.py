@@ -39,9 +39,6 @@ import numpy as np
 from jaxrl_hf.registry import Registry
 from jaxrl_hf.rollout.base import RolloutEngine, SamplingParams
 
-GENERATED_COLUMNS = ("responses", "response_mask", "input_ids", "attention_mask", "position_ids",
-                     "rollout_log_probs")
-
 ROLLOUT_LOOPS: Registry[Callable[[], "RolloutLoop"]] = Registry("rollout loop")
 
 
