@@ -11,10 +11,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from _models_helpers import jit_forward, random_params, tiny_config
+from _models_helpers import jit_forward, random_params, random_prompts, tiny_config
 from jaxrl_hf import algos
 from jaxrl_hf.models import param_shardings, token_log_probs_and_entropy
-from jaxrl_hf.rollout import JaxGenerationEngine, SamplingParams, make_rollout_engine
+from jaxrl_hf.controller import Batch
+from jaxrl_hf.rollout import JaxGenerationEngine, RolloutEngine, SamplingParams, make_rollout_engine
+from jaxrl_hf.rollout.loops import RolloutRequest, make_rollout_loop
 from jaxrl_hf.rollout.vllm_engine import (VllmOptions, logprobs_mismatch, request_seed, vllm_missing_message)
 
 # vLLM's CPU attention needs head_dim in {32, 64, ...}; vocab even so it shards over tp=2.
@@ -201,6 +203,19 @@ def test_stop_tokens_masks_and_max_tokens(engine, jax_engine):
     for r, reason in enumerate(ours.finish_reason):
         if reason == "length":
             assert ours.response_mask[r].sum() == 10
+
+
+def test_is_a_rollout_engine_and_runs_the_single_turn_loop(engine, jax_engine):
+    """Both engines are `RolloutEngine`s; the single-turn loop gives the same greedy sequences on either."""
+    assert isinstance(engine, RolloutEngine) and isinstance(jax_engine, RolloutEngine)
+    prompts, mask = random_prompts(7, 3, 9, CONFIG.vocab_size)
+    batch = Batch.from_dict({"prompts": prompts, "prompt_mask": mask})
+    request = RolloutRequest(batch.arrays, batch.objects, SamplingParams(greedy=True, n=2, max_new_tokens=8))
+    loop = make_rollout_loop("single_turn")
+    ours, ref = loop.run(engine, request).arrays, loop.run(jax_engine, request).arrays
+    for key in ("responses", "response_mask", "input_ids", "attention_mask", "position_ids"):
+        np.testing.assert_array_equal(ours[key], ref[key], err_msg=key)
+    np.testing.assert_allclose(ours["rollout_log_probs"], ref["rollout_log_probs"], atol=2e-4)
 
 
 def test_generate_errors(engine):

@@ -196,6 +196,9 @@ class RolloutConfig:
     """Default: ``data.max_response_length``."""
     seed: int = 0
     """Sampling seed (per step, call and dp rank; with ``name=vllm`` also vLLM's engine seed)."""
+    loop: str = "single_turn"
+    """Rollout loop run on the engine per rollout (``jaxrl_hf.rollout.loops``): ``single_turn`` (alias
+    ``single_turn_agent``) or any loop registered with ``register_rollout_loop``."""
     val: RolloutValConfig = field(default_factory=RolloutValConfig)
     # vLLM engine options (``name=vllm`` only; null = the engine's default, see
     # ``jaxrl_hf.rollout.vllm_engine.VllmOptions``). verl's names where it has them.

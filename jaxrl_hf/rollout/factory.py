@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from jaxrl_hf.models.config import DecoderConfig
+from jaxrl_hf.rollout.base import RolloutEngine
 from jaxrl_hf.rollout.jax_engine import JaxGenerationEngine
 
 ENGINE_NAMES = ("jax", "vllm")
@@ -13,8 +14,8 @@ ENGINE_NAMES = ("jax", "vllm")
 def make_rollout_engine(name: str, *, config: DecoderConfig, params: Any, pad_token_id: int,
                         eos_token_ids: Sequence[int] = (), mesh: Any = None, rules: Any = None,
                         model_dir: str | None = None, tokenizer_dir: str | None = None,
-                        options: Mapping[str, Any] | None = None) -> Any:
-    """``'jax'`` -> ``JaxGenerationEngine``; ``'vllm'`` -> ``VllmRolloutEngine`` (same interface:
+                        options: Mapping[str, Any] | None = None) -> RolloutEngine:
+    """``'jax'`` -> ``JaxGenerationEngine``; ``'vllm'`` -> ``VllmRolloutEngine`` (both a `RolloutEngine`:
     ``set_params``, ``generate``, ``sleep``, ``engine_name``).
 
     ``options``: the ``rollout`` config section's vLLM keys (``jaxrl_hf.rollout.vllm_engine.VllmOptions``:

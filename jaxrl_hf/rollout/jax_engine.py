@@ -17,8 +17,6 @@ the seeds (a row's key is ``fold_in(seed, global row index)``, as with one proce
 
 from __future__ import annotations
 
-import bisect
-import dataclasses
 from functools import partial
 from typing import Any, Sequence
 
@@ -32,91 +30,11 @@ from jaxrl_hf.models.forward import make_module, param_shardings
 from jaxrl_hf.models.llama import (KV_CACHE_LOGICAL_AXES, CausalLM, default_positions, init_kv_cache,
                                    write_kv_cache)
 from jaxrl_hf.rollout import multiprocess as mp
-from jaxrl_hf.rollout.sampling import LOGPROBS_MODES, sample_tokens
+from jaxrl_hf.rollout.base import GenerationOutput, SamplingParams
+from jaxrl_hf.rollout.padding import DEFAULT_LENGTH_BUCKETS, bucket, left_pad_prompts
+from jaxrl_hf.rollout.sampling import sample_tokens
 
-DEFAULT_LENGTH_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 DEFAULT_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
-
-
-@dataclasses.dataclass(frozen=True)
-class SamplingParams:
-    """Sampling options. ``temperature == 0`` or ``greedy=True`` means argmax decoding."""
-
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    n: int = 1
-    max_new_tokens: int = 128
-    greedy: bool = False
-    stop_token_ids: tuple[int, ...] = ()
-    seed: int = 0
-    logprobs_mode: str = "temperature"
-
-    def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ValueError(f"SamplingParams.temperature must be >= 0, got {self.temperature}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ValueError(f"SamplingParams.top_k must be >= 0 (0 disables), got {self.top_k}")
-        if self.n < 1:
-            raise ValueError(f"SamplingParams.n must be >= 1, got {self.n}")
-        if self.max_new_tokens < 1:
-            raise ValueError(f"SamplingParams.max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.logprobs_mode not in LOGPROBS_MODES:
-            raise ValueError(f"SamplingParams.logprobs_mode={self.logprobs_mode!r}; valid: {LOGPROBS_MODES}")
-
-    @property
-    def is_greedy(self) -> bool:
-        return self.greedy or self.temperature == 0.0
-
-
-@dataclasses.dataclass
-class GenerationOutput:
-    """Host (numpy) results for ``B * n`` rows, row ``i`` answering prompt ``i // n``."""
-
-    prompt_ids: np.ndarray       # [B*n, P] int32, left-padded with pad_token_id
-    prompt_mask: np.ndarray      # [B*n, P] int32
-    response_ids: np.ndarray     # [B*n, max_new] int32, pad_token_id after the stop token
-    response_mask: np.ndarray    # [B*n, max_new] int32, 1 up to and including the stop token
-    log_probs: np.ndarray        # [B*n, max_new] float32 sampler log-probs, 0 where the mask is 0
-    finish_reason: list[str]     # "stop" (hit a stop token) or "length"
-
-    @property
-    def response_lengths(self) -> np.ndarray:
-        return self.response_mask.sum(axis=1)
-
-
-def _bucket(value: int, buckets: Sequence[int], what: str, multiple: int = 1) -> int:
-    i = bisect.bisect_left(buckets, value)
-    if i == len(buckets):
-        raise ValueError(f"{what} {value} exceeds the largest bucket {buckets[-1]}; pass larger buckets")
-    size = buckets[i]
-    return -(-size // multiple) * multiple
-
-
-def left_pad_prompts(prompts: Sequence[Sequence[int]], pad_token_id: int, vocab_size: int,
-                     length_buckets: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
-    """``(ids, mask)`` ``[B, P]`` int32: prompts left-padded to the smallest length bucket ``P`` that fits.
-
-    Empty prompts, token ids outside ``[0, vocab_size)`` and prompts longer than the largest bucket raise.
-    """
-    if len(prompts) == 0:
-        raise ValueError("generate: empty prompt list")
-    lengths = [len(p) for p in prompts]
-    for i, n in enumerate(lengths):
-        if n == 0:
-            raise ValueError(f"generate: prompt {i} is empty")
-    width = _bucket(max(lengths), tuple(sorted(length_buckets)), "prompt length")
-    ids = np.full((len(prompts), width), pad_token_id, np.int32)
-    mask = np.zeros((len(prompts), width), np.int32)
-    for i, p in enumerate(prompts):
-        arr = np.asarray(p, np.int64)
-        if arr.min() < 0 or arr.max() >= vocab_size:
-            raise ValueError(f"generate: prompt {i} has token ids outside [0, {vocab_size})")
-        ids[i, width - len(p):] = arr
-        mask[i, width - len(p):] = 1
-    return ids, mask
 
 
 def _generate_program(params: Any, prompt_ids: jnp.ndarray, prompt_mask: jnp.ndarray, row_valid: jnp.ndarray,
@@ -225,6 +143,9 @@ class JaxGenerationEngine:
 
         self._keyed_program = jax.jit(keyed_program, static_argnames=statics)
         self.multi_process = mesh is not None and len({d.process_index for d in mesh.devices.flat}) > 1
+        # several processes: this process's (rank, size) row group for every ``generate`` (None: by its batch
+        # shards); the actor sets it once (its dp coordinates), so rollout loops call ``generate(prompts, sampling)``
+        self.row_group: tuple[int, int] | None = None
         self.params = None
         self.set_params(params)
 
@@ -257,17 +178,18 @@ class JaxGenerationEngine:
         """Sample ``sampling.n`` responses per prompt (lists of token ids, unpadded).
 
         On a mesh spanning several processes ``prompts`` are this process's rows and every process must
-        call at once; ``row_group = (rank, size)`` places them in the global batch (default: by the
-        process's batch shards; `jaxrl_hf.rollout.multiprocess`). One process: ``row_group`` is ignored."""
+        call at once; ``row_group = (rank, size)`` places them in the global batch (default: the engine's
+        ``row_group`` attribute, else by the process's batch shards; `jaxrl_hf.rollout.multiprocess`). One
+        process: ``row_group`` is ignored."""
         if self.multi_process:
-            return self._generate_multiprocess(prompts, sampling, row_group)
+            return self._generate_multiprocess(prompts, sampling, self.row_group if row_group is None else row_group)
         ids, mask = self._left_pad(prompts)
         ids, mask = np.repeat(ids, sampling.n, axis=0), np.repeat(mask, sampling.n, axis=0)
         rows = ids.shape[0]
         if ids.shape[1] + sampling.max_new_tokens > self.config.max_position_embeddings:
             raise ValueError(f"generate: prompt bucket {ids.shape[1]} + max_new_tokens {sampling.max_new_tokens} "
                              f"exceeds max_position_embeddings {self.config.max_position_embeddings}")
-        batch = _bucket(rows, self.batch_buckets, "batch size (prompts x n)", self._batch_multiple)
+        batch = bucket(rows, self.batch_buckets, "batch size (prompts x n)", self._batch_multiple)
         pad_rows = batch - rows
         ids_b = np.concatenate([ids, np.full((pad_rows, ids.shape[1]), self.pad_token_id, np.int32)])
         mask_b = np.concatenate([mask, np.zeros((pad_rows, ids.shape[1]), np.int32)])
@@ -308,12 +230,12 @@ class JaxGenerationEngine:
             ids = mask = None
             local, error = mp.LocalRows.failed(), err
         plan = mp.agree(local, slabs, me, error)
-        width = _bucket(plan.max_prompt_len, self.length_buckets, "prompt length")
+        width = bucket(plan.max_prompt_len, self.length_buckets, "prompt length")
         if width + sampling.max_new_tokens > self.config.max_position_embeddings:
             raise ValueError(f"generate: prompt bucket {width} + max_new_tokens {sampling.max_new_tokens} "
                              f"exceeds max_position_embeddings {self.config.max_position_embeddings}")
         k = len(slabs[me])
-        local_batch = _bucket(plan.max_rows, self.batch_buckets, "batch size per row group (prompts x n)", k)
+        local_batch = bucket(plan.max_rows, self.batch_buckets, "batch size per row group (prompts x n)", k)
         rows = local.rows
         ids = np.repeat(np.pad(ids, ((0, 0), (width - ids.shape[1], 0)), constant_values=self.pad_token_id),
                         sampling.n, axis=0)

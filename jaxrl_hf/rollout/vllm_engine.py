@@ -1,10 +1,10 @@
 """vLLM rollout engine colocated with the JAX actor, fed the actor's weights in place before each rollout.
 
-``VllmRolloutEngine`` has the interface and outputs of ``JaxGenerationEngine`` (``generate(prompts,
-SamplingParams) -> GenerationOutput``, ``set_params``, ``sleep``, ``engine_name``): prompts left-padded to
-the same length bucket, responses padded to ``max_new_tokens`` with the pad id and masked up to and
-including the stop token, sampler log-probs (0 outside the mask), rows interleaved (prompt ``i`` ->
-rows ``i*n .. i*n+n-1``).
+``VllmRolloutEngine`` is a `jaxrl_hf.rollout.base.RolloutEngine` (``generate(prompts, SamplingParams) ->
+GenerationOutput``, ``set_params``, ``sleep``, ``engine_name``) with the outputs of ``JaxGenerationEngine``:
+prompts left-padded to the same length bucket, responses padded to ``max_new_tokens`` with the pad id and
+masked up to and including the stop token, sampler log-probs (0 outside the mask), rows interleaved (prompt
+``i`` -> rows ``i*n .. i*n+n-1``).
 
 Lifecycle (the HybridFlow "hybrid engine": one process holds both the trainer and the generator)
   1. ``__init__``: one ``vllm.LLM`` in *this* process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, uni-process
@@ -87,7 +87,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from jaxrl_hf.models.config import DecoderConfig
-from jaxrl_hf.rollout.jax_engine import DEFAULT_LENGTH_BUCKETS, GenerationOutput, SamplingParams, left_pad_prompts
+from jaxrl_hf.rollout.base import GenerationOutput, SamplingParams
+from jaxrl_hf.rollout.padding import DEFAULT_LENGTH_BUCKETS, left_pad_prompts
 from jaxrl_hf.rollout.weight_sync import SyncStats, gather_multihost, hf_weight_stream
 
 logger = logging.getLogger(__name__)

@@ -22,6 +22,9 @@ runs TP=1 on CPU, so with ``rollout.name=vllm`` no generation mesh is built: eac
 training-layout leaves, gathering a sharded leaf to one host buffer at a time (``rollout.weight_sync``).
 ``actor.offload_optimizer`` keeps the optimizer state in host memory outside ``update_actor``
 (`jaxrl_hf.workers.offload`).
+
+Rollout loop: ``generate_sequences`` runs ``rollout.loop`` (`jaxrl_hf.rollout.loops`, default ``single_turn``) on
+the engine, inside the reshard above; the loop assembles the output columns.
 """
 
 from __future__ import annotations
@@ -38,9 +41,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_hf import mesh as meshlib
+from jaxrl_hf.config.schema import RolloutConfig
 from jaxrl_hf.controller import PAD_ROWS_KEY, Batch, Dispatch, Worker, register
 from jaxrl_hf.models import param_logical_axes, save_hf_dir
-from jaxrl_hf.rollout import ENGINE_NAMES, JaxGenerationEngine, SamplingParams, make_rollout_engine
+from jaxrl_hf.rollout import ENGINE_NAMES, JaxGenerationEngine, RolloutEngine, SamplingParams, make_rollout_engine
+from jaxrl_hf.rollout.loops import RolloutRequest, make_rollout_loop
 from jaxrl_hf.workers import checkpoint as ckpt
 from jaxrl_hf.workers.common import (LoadedModel, WorkerConfigError, chunked_apply, copy_tokenizer_files, get,
                                      lm_param_shardings, load_model, to_global, train_parallel)
@@ -111,6 +116,11 @@ class ActorRolloutRefWorker(Worker):
         self.state: TrainState | None = None
         self.ref_params: Any = None
         self.global_step, self._gen_calls = 0, 0
+        loop_name = get(config, "rollout.loop", RolloutConfig.loop)
+        try:
+            self.rollout_loop = make_rollout_loop(loop_name)
+        except ValueError as err:
+            raise WorkerConfigError(f"rollout.loop={loop_name!r}: {err}") from None
 
     # ------------------------------------------------------------------------------ setup
     @property
@@ -197,6 +207,9 @@ class ActorRolloutRefWorker(Worker):
                                          tokenizer_dir=self.model.path, options=self._engine_options())
         except ValueError as err:
             raise WorkerConfigError(f"rollout.name={self.engine_name!r}: {err}") from err
+        if getattr(engine, "multi_process", False):  # native engine over several processes: rows by dp rank
+            coords = self.mesh_coords()
+            engine.row_group = (coords.dp_rank, coords.dp_size)
         if self.layout is not None:
             if not isinstance(engine, JaxGenerationEngine):  # pragma: no cover - guarded by __init__
                 raise WorkerConfigError(f"rollout.name={self.engine_name!r} has no JAX generation layout")
@@ -223,26 +236,25 @@ class ActorRolloutRefWorker(Worker):
                 "group inside one process (a placement.generate whose micro-DP groups stay on one process), use "
                 "placement.num_processes=1, or leave placement.generate unset") from None
 
-    def _generate(self, prompts: list[list[int]], sampling: SamplingParams) -> Any:
-        """Run the engine; with a hybrid layout, inside a training -> generation -> training reshard.
+    @contextlib.contextmanager
+    def _engine_for_rollout(self) -> Iterator[RolloutEngine]:
+        """The engine, serving the current params for one rollout loop, put to sleep afterwards; with a hybrid
+        layout, inside a training -> generation -> training reshard.
 
         The reshard consumes the training params (every device's generation shard contains its training
         shard) and `GenerationLayout.to_training` slices them back bit-identically and frees the generation
         copy, also when generation fails, so the actor's state is never left without params."""
-        kwargs = {}
-        if getattr(self.engine, "multi_process", False):  # native engine over several processes: rows by dp rank
-            coords = self.mesh_coords()
-            kwargs["row_group"] = (coords.dp_rank, coords.dp_size)
         if self.layout is None:
             try:
-                return self.engine.generate(prompts, sampling, **kwargs)
+                yield self.engine
             finally:
                 self.engine.sleep()
+            return
         gen_params = self.layout.to_generation(self.state.params)
         try:
             # already laid out on the engine's mesh: used as they are (set_params would re-place a copy)
             self.engine.params = gen_params
-            return self.engine.generate(prompts, sampling, **kwargs)
+            yield self.engine
         finally:
             self.engine.params = None
             self.engine.sleep()
@@ -281,7 +293,7 @@ class ActorRolloutRefWorker(Worker):
 
     @register(dispatch=MESH_DP_MERGE)
     def generate_sequences(self, batch: Batch) -> Batch:
-        """Sample ``n`` responses per prompt with the native engine (meta_info may override ``n``,
+        """Sample ``n`` responses per prompt: the ``rollout.loop`` on the engine (meta_info may override ``n``,
         ``temperature``, ``top_p``, ``top_k``, ``greedy``, ``seed``, ``response_length``;
         ``validate=True`` uses ``rollout.val``). Samples of a prompt are adjacent.
 
@@ -296,30 +308,16 @@ class ActorRolloutRefWorker(Worker):
                 raise KeyError(f"generate_sequences: Batch has no {key!r}; columns: {batch.keys()}")
         sampling = self._sampling(batch.meta_info)
         self._gen_calls += 1
-        prompts, prompt_mask = np.asarray(batch["prompts"]), np.asarray(batch["prompt_mask"])
-        lists = [row[m.astype(bool)].tolist() for row, m in zip(prompts, prompt_mask)]
+        first_uid = self.mesh_coords().dp_rank * len(batch)  # uid of this shard's first prompt (if none is given)
+        request = RolloutRequest(batch.arrays, batch.objects, sampling, first_uid=first_uid)
         start = time.perf_counter()
-        out = self._generate(lists, sampling)
+        with self._engine_for_rollout() as engine:
+            result = self.rollout_loop.run(engine, request)
         elapsed = time.perf_counter() - start
-        n = sampling.n
-        expanded = batch.repeat(n, interleave=True)
-        if "uid" not in batch:
-            uid = self.mesh_coords().dp_rank * len(batch) + np.arange(len(batch))
-            expanded = expanded.union(Batch.from_dict({"uid": np.repeat(uid, n).astype(object)}))
-        responses = out.response_ids.astype(np.int32)
-        response_mask = out.response_mask.astype(np.int32)
-        attention_mask = np.concatenate([np.repeat(prompt_mask, n, axis=0).astype(np.int32), response_mask], axis=1)
-        generated = Batch.from_dict({
-            "responses": responses, "response_mask": response_mask,
-            "input_ids": np.concatenate([np.repeat(prompts, n, axis=0).astype(np.int32), responses], axis=1),
-            "attention_mask": attention_mask,
-            "position_ids": np.maximum(np.cumsum(attention_mask, axis=1) - 1, 0).astype(np.int32),
-            "rollout_log_probs": out.log_probs.astype(np.float32),
-        })
         meta = {k: v for k, v in batch.meta_info.items() if k != PAD_ROWS_KEY}
-        meta.update(gen_timing_s=elapsed, num_generated_tokens=int(response_mask.sum()))
-        merged = expanded.union(generated)
-        return Batch(merged.arrays, merged.objects, meta)
+        meta.update(result.meta_info)
+        meta.update(gen_timing_s=elapsed, num_generated_tokens=int(result.arrays["response_mask"].sum()))
+        return Batch(result.arrays, result.objects, meta)
 
     # ------------------------------------------------------------------------------ log-probs
     def _log_probs(self, params: Any, batch: Batch, temperature: float) -> tuple[np.ndarray, np.ndarray]:
