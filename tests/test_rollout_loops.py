@@ -125,6 +125,15 @@ def test_a_taken_name_is_not_silently_replaced():
     assert ROLLOUT_LOOPS.get("single_turn") is SingleTurnLoop
 
 
+def test_config_validation_checks_the_loop_against_the_registry():
+    """``rollout.loop`` is validated with the config (before any worker starts), from the registry's names."""
+    from jaxrl_hf.config import ConfigError, load_config
+
+    assert load_config("grpo", preset="smoke", overrides=[f"rollout.loop={TWO_TURN}"]).rollout.loop == TWO_TURN
+    with pytest.raises(ConfigError, match=r"config key 'rollout\.loop'='multi_turn_typo'.*single_turn_agent"):
+        load_config("grpo", preset="smoke", overrides=["rollout.loop=multi_turn_typo"])
+
+
 def test_worker_rejects_an_unknown_loop_naming_the_key():
     config = {"rollout": {"name": "jax", "loop": "multi_turn_typo"}}
     with pytest.raises(WorkerConfigError, match=r"rollout\.loop='multi_turn_typo'.*single_turn_agent"):

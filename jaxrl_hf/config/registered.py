@@ -19,8 +19,7 @@ REGISTERED_KEYS: dict[str, str] = {
     "actor.policy_loss.loss_mode": "jaxrl_hf.algos.policy_losses:POLICY_LOSSES",
     "algorithm.kl_penalty": "jaxrl_hf.algos.kl:KL_ESTIMATORS",
     "actor.kl_loss_type": "jaxrl_hf.algos.kl:KL_ESTIMATORS",
-    # one line per registry-named key, e.g. "rollout.loop" (jaxrl_hf.rollout.loops) and "actor.strategy"
-    # (the sharding rule sets in jaxrl_hf.mesh)
+    "rollout.loop": "jaxrl_hf.rollout.loops:ROLLOUT_LOOPS",
 }
 
 
