@@ -162,6 +162,7 @@ def build_dataclass(cls: type, data: dict[str, Any], path: str = "") -> Any:
     if unknown:
         where = f"under '{path}'" if path else "at the top level"
         bad = ", ".join(repr(_join(path, str(k))) for k in unknown)
-        raise ConfigError(f"unknown config key {bad}; valid keys {where}: {list(types_)}")
+        raise ConfigError(f"{path or 'config'}: unknown key(s) {unknown}; valid: {list(types_)} (the valid keys "
+                          f"{where}; unknown config key {bad})")
     kwargs = {key: coerce(value, types_[key], _join(path, key)) for key, value in data.items()}
     return cls(**kwargs)
