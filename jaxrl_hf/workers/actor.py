@@ -38,11 +38,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_hf import mesh as meshlib
+from jaxrl_hf.config.schema import RunConfig
 from jaxrl_hf.controller import PAD_ROWS_KEY, Batch, Dispatch, Worker, register
 from jaxrl_hf.models import param_logical_axes, save_hf_dir
 from jaxrl_hf.rollout import ENGINE_NAMES, JaxGenerationEngine, SamplingParams, make_rollout_engine
 from jaxrl_hf.workers import checkpoint as ckpt
-from jaxrl_hf.config.schema import RunConfig
 from jaxrl_hf.workers.common import (LoadedModel, WorkerConfigError, chunked_apply, copy_tokenizer_files,
                                      lm_param_shardings, load_model, to_global, train_parallel, worker_run_config)
 from jaxrl_hf.workers.generation_layout import GenerationLayout, generation_parallel

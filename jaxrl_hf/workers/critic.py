@@ -14,10 +14,10 @@ import jax
 import numpy as np
 
 from jaxrl_hf import mesh as meshlib
+from jaxrl_hf.config.schema import RunConfig
 from jaxrl_hf.controller import PAD_ROWS_KEY, Batch, Dispatch, Worker, register
 from jaxrl_hf.models import value_param_logical_axes, value_params_from_lm
 from jaxrl_hf.workers import checkpoint as ckpt
-from jaxrl_hf.config.schema import RunConfig
 from jaxrl_hf.workers.common import (LoadedModel, WorkerConfigError, chunked_apply, load_model, param_shardings,
                                      to_global, train_parallel, worker_run_config)
 from jaxrl_hf.workers.losses import (CRITIC_SUMMED_METRICS, critic_loss, critic_loss_config, response_denominator,

@@ -18,9 +18,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_hf import mesh as meshlib
+from jaxrl_hf.config.schema import RunConfig, ScoringModelConfig
 from jaxrl_hf.controller import Batch, Dispatch, Worker, register
 from jaxrl_hf.models import init_value_params, value_forward, value_param_logical_axes
-from jaxrl_hf.config.schema import RunConfig, ScoringModelConfig
 from jaxrl_hf.workers.common import (TINY_RANDOM, WorkerConfigError, chunked_apply, param_shardings,
                                      tiny_decoder_config, train_parallel, worker_run_config)
 
