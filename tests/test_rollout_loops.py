@@ -135,7 +135,7 @@ def test_config_validation_checks_the_loop_against_the_registry():
 
 
 def test_worker_rejects_an_unknown_loop_naming_the_key():
-    config = {"rollout": {"name": "jax", "loop": "multi_turn_typo"}}
+    config = {"rollout": {"name": "jax", "loop": "multi_turn_typo"}, "placement": {"train": {"dp": jax.device_count()}}}
     with pytest.raises(WorkerConfigError, match=r"rollout\.loop='multi_turn_typo'.*single_turn_agent"):
         ActorRolloutRefWorker._instantiate(WorkerContext("actor", "local", 0, 1), (config, "actor_rollout"), {})
 
@@ -268,6 +268,7 @@ WORKER_CONFIG = {
               "grad_clip": 1.0, "optim": {"lr": 1e-3}},
     "rollout": {"name": "jax", "n": 2, "temperature": 1.0, "top_p": 1.0, "top_k": 0, "response_length": 6, "seed": 3,
                 "loop": TWO_TURN},
+    "placement": {"train": {"dp": jax.device_count()}},
 }
 
 

@@ -20,11 +20,11 @@ import ray
 
 from jaxrl_hf import algos
 from jaxrl_hf.config import ConfigError, load_config
-from jaxrl_hf.config.schema import AlgorithmConfig
+from jaxrl_hf.config.schema import ActorConfig, AlgorithmConfig, PolicyLossConfig
 from jaxrl_hf.controller import Batch, ResourcePool, Worker, WorkerGroup, WorkerMethodError, register
 from jaxrl_hf.trainer.advantage import compute_advantage
 from jaxrl_hf.user_modules import UserModuleError, file_module_name, import_user_module, import_user_modules
-from jaxrl_hf.workers.losses import ActorLossConfig, actor_loss
+from jaxrl_hf.workers.losses import actor_loss, actor_loss_config
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the probe worker below travels by value
 
@@ -150,11 +150,16 @@ def test_compute_advantage_passes_what_the_estimator_declared(user_file):
         compute_advantage(batch, AlgorithmConfig(adv_estimator="remax"))
 
 
+def _loss_config(loss_mode: str):
+    """The actor's loss view with the schema's defaults and ``actor.policy_loss.loss_mode=loss_mode``."""
+    return actor_loss_config(ActorConfig(policy_loss=PolicyLossConfig(loss_mode=loss_mode)), temperature=1.0)
+
+
 def test_user_policy_loss_by_name_gets_its_declared_columns(user_file):
     import_user_module(user_file)
-    cfg = ActorLossConfig(loss_mode=NEEDS_LOSS)
+    cfg = _loss_config(NEEDS_LOSS)
     assert cfg.required_keys()[-1] == "token_level_scores"
-    assert "token_level_scores" not in ActorLossConfig(loss_mode=LOSS).required_keys()
+    assert "token_level_scores" not in _loss_config(LOSS).required_keys()
     rng = np.random.default_rng(0)
     micro = {"response_mask": np.array([[1, 1, 0], [1, 0, 0]], np.float32),
              "old_log_probs": np.zeros((2, 3), np.float32), "advantages": np.zeros((2, 3), np.float32),

@@ -172,11 +172,14 @@ def test_reward_model_from_saved_directory_matches_transformers(roles, tmp_path)
     transformers = pytest.importorskip("transformers")
     from jaxrl_hf.models import init_value_params
     from jaxrl_hf.rewards.rm_io import save_reward_model
+    from jaxrl_hf.config.build import build_dataclass
+    from jaxrl_hf.config.schema import TinyModelConfig
     from jaxrl_hf.workers.common import tiny_decoder_config
 
     # no pad id in config.json: transformers then reads the last position of an unpadded row, even if a
     # sampled response token happens to equal the pad id
-    config = tiny_decoder_config(CONFIG["model"]["tiny"], "float32", "none").replace(pad_token_id=None)
+    tiny = build_dataclass(TinyModelConfig, CONFIG["model"]["tiny"], "model.tiny")
+    config = tiny_decoder_config(tiny, "float32", "none").replace(pad_token_id=None)
     params = init_value_params(config, 5)
     rm_dir = save_reward_model(tmp_path / "rm", params, config, _word_level_tokenizer_dir(str(tmp_path), 64),
                                eos_id=2, pad_id=0)

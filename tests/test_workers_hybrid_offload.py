@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import gc
 
 import jax
@@ -21,7 +22,7 @@ from _models_helpers import random_prompts
 from jaxrl_hf.controller import Batch
 from jaxrl_hf.controller.worker import WorkerContext
 from jaxrl_hf.workers import ActorRolloutRefWorker
-from jaxrl_hf.workers.common import WorkerConfigError
+from jaxrl_hf.workers.common import WorkerConfigError, worker_run_config
 from jaxrl_hf.workers.offload import OptimizerOffload, device_bytes, offload_tree, reload_tree
 from jaxrl_hf.trainer.metrics import is_wall_clock_metric
 
@@ -277,8 +278,10 @@ def test_offload_optimizer_is_bit_identical_and_frees_device_memory(tmp_path):
 
 
 def test_bad_offload_value_names_the_key():
-    config = copy.deepcopy(BASE)
-    config["actor"]["offload_optimizer"] = "yes"
+    # a mapping is type-checked when built into a RunConfig ("yes" reads as true there); a RunConfig made in
+    # code bypasses that, and the worker still names the key
+    config = worker_run_config(BASE)
+    config.actor = dataclasses.replace(config.actor, offload_optimizer="yes")
     with pytest.raises(WorkerConfigError, match="actor.offload_optimizer='yes': must be true or false"):
         ActorRolloutRefWorker._instantiate(WorkerContext("actor", "local", 0, 1), (config, "actor_rollout"), {})
 

@@ -16,8 +16,10 @@ import numpy as np
 import pytest
 
 from jaxrl_hf import algos
-from jaxrl_hf.workers.losses import ACTOR_SUMMED_METRICS, ActorLossConfig, actor_loss, response_denominator
-from jaxrl_hf.workers.optim import OptimConfig, learning_rate, make_optimizer
+from jaxrl_hf.config.build import build_dataclass
+from jaxrl_hf.config.schema import ActorConfig, OptimConfig, PolicyLossConfig, RolloutCorrectionConfig
+from jaxrl_hf.workers.losses import ACTOR_SUMMED_METRICS, actor_loss, actor_loss_config, response_denominator
+from jaxrl_hf.workers.optim import check_optim, learning_rate, make_optimizer
 from jaxrl_hf.workers.train_step import apply_update, init_train_state, make_train_step
 
 V, R, ROWS = 11, 5, 8
@@ -56,10 +58,17 @@ def micro_split(data, m):
     return {k: jnp.asarray(v.reshape(m, v.shape[0] // m, *v.shape[1:])) for k, v in data.items()}
 
 
-def make_step(cfg, optim, log_prob_fn=bigram_log_prob_fn, **kw):
+def loss_config(policy_loss=None, rollout_correction=None, **actor):
+    """The actor loss view of an ``actor`` section with these keys (the schema's defaults for the rest), T = 1."""
+    section = ActorConfig(policy_loss=PolicyLossConfig(**(policy_loss or {})),
+                          rollout_correction=RolloutCorrectionConfig(**(rollout_correction or {})), **actor)
+    return actor_loss_config(section, temperature=1.0)
+
+
+def make_step(cfg, optim, grad_clip, log_prob_fn=bigram_log_prob_fn, **kw):
     loss_fn = functools.partial(actor_loss, log_prob_fn=log_prob_fn, cfg=cfg)
-    return make_train_step(loss_fn, optim, denominator_fn=response_denominator(cfg.loss_agg_mode),
-                           summed_aux=ACTOR_SUMMED_METRICS, **kw)
+    return make_train_step(loss_fn, optim, optimizer=make_optimizer(optim, grad_clip),
+                           denominator_fn=response_denominator(cfg.loss_agg_mode), summed_aux=ACTOR_SUMMED_METRICS, **kw)
 
 
 def whole_batch_loss(params, data, cfg, log_prob_fn=bigram_log_prob_fn):
@@ -83,26 +92,26 @@ def whole_batch_loss(params, data, cfg, log_prob_fn=bigram_log_prob_fn):
 
 
 CASES = [
-    ActorLossConfig(loss_agg_mode=mode, entropy_coeff=0.01, clip_ratio_high=0.28)
+    loss_config(loss_agg_mode=mode, entropy_coeff=0.01, clip_ratio_high=0.28)
     for mode in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 ] + [
-    ActorLossConfig(loss_mode="gspo", loss_agg_mode="seq-mean-token-mean"),
-    ActorLossConfig(loss_mode="cispo", use_kl_loss=True, kl_loss_coef=0.1, kl_loss_type="low_var_kl"),
-    ActorLossConfig(loss_mode="gpg", use_kl_loss=True, kl_loss_type="k1", rollout_correction_level="sequence",
-                    rollout_correction_threshold=1.5),
+    loss_config(policy_loss={"loss_mode": "gspo"}, loss_agg_mode="seq-mean-token-mean"),
+    loss_config(policy_loss={"loss_mode": "cispo"}, use_kl_loss=True, kl_loss_coef=0.1, kl_loss_type="low_var_kl"),
+    loss_config(policy_loss={"loss_mode": "gpg"}, use_kl_loss=True, kl_loss_type="k1",
+                rollout_correction={"level": "sequence", "threshold": 1.5}),
 ]
 
 
 @pytest.mark.parametrize("cfg", CASES, ids=lambda c: f"{c.loss_mode}-{c.loss_agg_mode}-kl{int(c.use_kl_loss)}-"
                                                       f"{c.rollout_correction_level}")
 def test_micro_batches_give_the_one_batch_update(cfg):
-    optim = OptimConfig(lr=1e-2, weight_decay=0.0, grad_clip=None)
-    step = make_step(cfg, optim, donate=False)
+    optim = OptimConfig(lr=1e-2, weight_decay=0.0)
+    step = make_step(cfg, optim, grad_clip=None, donate=False)
     data, params = toy_batch(), toy_params()
     ref_loss, ref_grads = jax.value_and_grad(whole_batch_loss)(params, data, cfg)
     ref_norm = math.sqrt(float(np.sum(np.asarray(ref_grads["table"], np.float64) ** 2)))
-    state0 = init_train_state(params, make_optimizer(optim))
-    ref_state, _ = apply_update(state0, ref_grads, make_optimizer(optim), optim)  # one big batch
+    state0 = init_train_state(params, make_optimizer(optim, None))
+    ref_state, _ = apply_update(state0, ref_grads, make_optimizer(optim, None), optim)  # one big batch
     state, metrics = step(state0, micro_split(data, 4))  # 4 micro-batches of 2 rows
     np.testing.assert_allclose(metrics["loss"], ref_loss, rtol=2e-5, atol=1e-7)
     np.testing.assert_allclose(metrics["grad_norm"], ref_norm, rtol=1e-4)
@@ -117,7 +126,7 @@ def test_loss_value_matches_numpy_formula_on_policy(mode):
     data["old_log_probs"] = np.asarray(logp)
     micro = micro_split(data, 4)
     denominator = response_denominator(mode)(micro)
-    cfg = ActorLossConfig(loss_agg_mode=mode)
+    cfg = loss_config(loss_agg_mode=mode)
     shares = [actor_loss(params, jax.tree.map(lambda x: x[i], micro), denominator, log_prob_fn=bigram_log_prob_fn,
                          cfg=cfg)[1]["pg_loss"] for i in range(4)]
     a, m = data["advantages"].astype(np.float64), data["response_mask"].astype(np.float64)
@@ -138,10 +147,11 @@ def test_loss_value_matches_numpy_formula_on_policy(mode):
 
 def test_grad_clipping_matches_the_formula():
     c, eps = 0.5, 1e4
-    optim = OptimConfig(lr=0.1, weight_decay=0.0, betas=(0.0, 0.0), eps=eps, grad_clip=c)
+    optim = OptimConfig(lr=0.1, weight_decay=0.0, betas=[0.0, 0.0], eps=eps)
     params = {"w": jnp.zeros((3,), jnp.float32), "b": jnp.zeros((2,), jnp.float32)}
     grads = {"w": jnp.asarray([3.0, 0.0, 4.0]), "b": jnp.asarray([0.0, 12.0])}
-    new, metrics = apply_update(init_train_state(params, make_optimizer(optim)), grads, make_optimizer(optim), optim)
+    new, metrics = apply_update(init_train_state(params, make_optimizer(optim, c)), grads, make_optimizer(optim, c),
+                                optim)
     g = {k: np.asarray(v, np.float64) for k, v in grads.items()}
     norm = math.sqrt(sum((v ** 2).sum() for v in g.values()))
     assert math.isclose(float(metrics["grad_norm"]), norm, rel_tol=1e-6)  # 13, reported before clipping
@@ -149,16 +159,17 @@ def test_grad_clipping_matches_the_formula():
     for k in g:
         gc = g[k] * scale
         np.testing.assert_allclose(new.params[k], -0.1 * gc / (np.abs(gc) + eps), rtol=1e-5)  # Adam, b1=b2=0
-    free = OptimConfig(lr=0.1, weight_decay=0.0, betas=(0.0, 0.0), eps=eps, grad_clip=None)
-    unclipped, _ = apply_update(init_train_state(params, make_optimizer(free)), grads, make_optimizer(free), free)
+    free = optim  # the same settings, no grad_clip
+    unclipped, _ = apply_update(init_train_state(params, make_optimizer(free, None)), grads, make_optimizer(free, None),
+                                free)
     np.testing.assert_allclose(unclipped.params["w"], np.asarray(new.params["w"]) / scale, rtol=1e-3)
 
 
 def test_non_finite_gradient_skips_the_update():
-    optim = OptimConfig(lr=0.1, grad_clip=1.0)
+    optim = OptimConfig(lr=0.1)
     params = {"w": jnp.ones((2,), jnp.float32)}
-    state = init_train_state(params, make_optimizer(optim))
-    new, metrics = apply_update(state, {"w": jnp.asarray([jnp.nan, 1.0])}, make_optimizer(optim), optim)
+    state = init_train_state(params, make_optimizer(optim, 1.0))
+    new, metrics = apply_update(state, {"w": jnp.asarray([jnp.nan, 1.0])}, make_optimizer(optim, 1.0), optim)
     assert float(metrics["skipped"]) == 1.0 and int(new.step) == 0
     np.testing.assert_array_equal(new.params["w"], params["w"])
     for a, b in zip(jax.tree.leaves(new.opt_state), jax.tree.leaves(state.opt_state)):
@@ -183,8 +194,8 @@ def test_lr_schedule_values(kind, ratio):
 
 def test_train_step_uses_the_scheduled_lr():
     optim = OptimConfig(lr=1e-3, warmup_steps=3, weight_decay=0.0, lr_scheduler="cosine", total_steps=6)
-    step = make_step(ActorLossConfig(), optim)
-    state = init_train_state(toy_params(), make_optimizer(optim))
+    step = make_step(loss_config(), optim, grad_clip=1.0)
+    state = init_train_state(toy_params(), make_optimizer(optim, 1.0))
     seen = []
     for _ in range(5):
         old = state
@@ -196,14 +207,14 @@ def test_train_step_uses_the_scheduled_lr():
 
 def test_config_errors_name_the_key():
     with pytest.raises(ValueError, match=r"actor.optim: unknown key\(s\) \['lr_warmup'\]; valid: .*warmup_steps"):
-        OptimConfig.from_dict({"lr": 1e-5, "lr_warmup": 3}, where="actor.optim")
+        build_dataclass(OptimConfig, {"lr": 1e-5, "lr_warmup": 3}, "actor.optim")
     with pytest.raises(ValueError, match="lr_scheduler='linear'; valid"):
-        OptimConfig.from_dict({"lr_scheduler": "linear"})
+        check_optim(OptimConfig(lr_scheduler="linear"))
     with pytest.raises(ValueError, match="total_steps"):
-        OptimConfig.from_dict({"lr_scheduler": "cosine", "warmup_steps": 5, "total_steps": 5})
+        check_optim(OptimConfig(lr_scheduler="cosine", warmup_steps=5, total_steps=5))
     with pytest.raises(ValueError, match="loss_agg_mode='mean'"):
-        ActorLossConfig(loss_agg_mode="mean")
+        loss_config(loss_agg_mode="mean")
     with pytest.raises(ValueError, match="vanilla"):
-        ActorLossConfig(loss_mode="ppo2")
+        loss_config(policy_loss={"loss_mode": "ppo2"})
     with pytest.raises(ValueError, match="rollout_correction.level='tokens'"):
-        ActorLossConfig(rollout_correction_level="tokens")
+        loss_config(rollout_correction={"level": "tokens"})

@@ -160,8 +160,8 @@ def build_dataclass(cls: type, data: dict[str, Any], path: str = "") -> Any:
     types_ = field_types(cls)
     unknown = [k for k in data if k not in types_]
     if unknown:
-        where = f"under '{path}'" if path else "at the top level"
         bad = ", ".join(repr(_join(path, str(k))) for k in unknown)
-        raise ConfigError(f"unknown config key {bad}; valid keys {where}: {list(types_)}")
+        raise ConfigError(f"unknown config key {bad} — {path or 'top level'}: unknown key(s) {unknown}; "
+                          f"valid: {list(types_)}")
     kwargs = {key: coerce(value, types_[key], _join(path, key)) for key, value in data.items()}
     return cls(**kwargs)

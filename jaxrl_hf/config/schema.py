@@ -83,6 +83,11 @@ class TinyModelConfig:
     intermediate_size: int = 128
     head_dim: Optional[int] = None
     """Default ``hidden_size // num_heads``; vLLM's CPU attention needs >= 32 (``rollout.name=vllm``)."""
+    max_position_embeddings: int = 2048
+    pad_token_id: int = 0
+    eos_token_id: int = 2
+    bos_token_id: Optional[int] = 1
+    tie_word_embeddings: bool = False
 
 
 @dataclass
@@ -271,12 +276,23 @@ class OverlongBufferConfig:
 
 
 @dataclass
-class RewardModelConfig:
-    """Rule-based reward manager (always) plus an optional learned reward model (``enable``)."""
+class ScoringModelConfig:
+    """A learned value-head scorer of finished sequences (``RewardModelWorker`` / ``CostModelWorker``); ``seed``
+    initialises a ``tiny-random`` one, ``micro_batch_size_per_device`` rows go through each scoring pass."""
 
     enable: bool = False
     path: Optional[str] = None
-    """Reward-model directory (``launch/train_rm.py`` output) or ``tiny-random``."""
+    """Reward/cost-model directory (``launch/train_rm.py`` output) or ``tiny-random`` (shape: ``model.tiny``)."""
+    seed: int = 0
+    micro_batch_size_per_device: int = 8
+    dtype: Optional[Literal["float32", "bfloat16"]] = None
+    """Default: ``model.dtype``."""
+
+
+@dataclass
+class RewardModelConfig(ScoringModelConfig):
+    """Rule-based reward manager (always) plus an optional learned reward model (``enable``)."""
+
     reward_manager: Literal["naive", "dapo"] = "naive"
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
     num_workers: int = 0
@@ -288,11 +304,8 @@ class RewardModelConfig:
 
 
 @dataclass
-class CostModelConfig:
+class CostModelConfig(ScoringModelConfig):
     """Safe-RLHF cost model (a value-head model scoring harmfulness; higher = worse)."""
-
-    enable: bool = False
-    path: Optional[str] = None
 
 
 @dataclass
@@ -457,7 +470,7 @@ class RunConfig:
     every worker process before its workers start, for what they register (``launch/train.py --import``)."""
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain nested dict (what the workers receive)."""
+        """Plain nested dict (``config.yaml``, ``metrics.jsonl``); the workers receive the dataclass itself."""
         return dataclasses.asdict(self)
 
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxrl_hf.config.schema import OverlongBufferConfig
 from jaxrl_hf.rewards.dispatch import ScoreFnSpec
 from jaxrl_hf.rewards.pool import ScoreTask, make_scorer
 
@@ -40,28 +41,18 @@ class RewardOutput:
     """Batch summaries, e.g. ``reward/score_mean``, ``reward/overlong_ratio``."""
 
 
-@dataclasses.dataclass(frozen=True)
-class OverlongBufferConfig:
-    """DAPO overlong soft punishment (``reward_model.overlong_buffer`` in verl configs).
-
-    ``len`` is L_cache (tokens) and ``penalty_factor`` scales the penalty; L_max is the manager's
-    ``max_response_length``.
-    """
-
-    enable: bool = False
-    len: int = 0
-    penalty_factor: float = 1.0
-    log: bool = True
-
-    @classmethod
-    def from_config(cls, config: Mapping[str, Any] | None) -> "OverlongBufferConfig":
-        """Build from a mapping, rejecting unknown keys (listing the valid ones)."""
-        config = dict(config or {})
-        valid = [f.name for f in dataclasses.fields(cls)]
-        unknown = sorted(set(config) - set(valid))
-        if unknown:
-            raise ValueError(f"overlong_buffer: unknown keys {unknown}; valid keys: {valid}")
-        return cls(**config)
+def overlong_buffer_config(config: OverlongBufferConfig | Mapping[str, Any] | None) -> OverlongBufferConfig:
+    """``reward_model.overlong_buffer`` as the schema's `OverlongBufferConfig` (``len`` is L_cache in tokens,
+    ``penalty_factor`` scales the penalty; L_max is the manager's ``max_response_length``); a mapping's unknown
+    keys raise, listing the valid ones."""
+    if isinstance(config, OverlongBufferConfig):
+        return config
+    config = dict(config or {})
+    valid = [f.name for f in dataclasses.fields(OverlongBufferConfig)]
+    unknown = sorted(set(config) - set(valid))
+    if unknown:
+        raise ValueError(f"overlong_buffer: unknown keys {unknown}; valid keys: {valid}")
+    return OverlongBufferConfig(**config)
 
 
 def _decoder(tokenizer: Any):
@@ -224,7 +215,7 @@ class DAPORewardManager(NaiveRewardManager):
         overlong_buffer: OverlongBufferConfig | Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
-        buffer = overlong_buffer if isinstance(overlong_buffer, OverlongBufferConfig) else OverlongBufferConfig.from_config(overlong_buffer)
+        buffer = overlong_buffer_config(overlong_buffer)
         if buffer.enable:
             if max_response_length is None:
                 raise ValueError("dapo reward manager: overlong_buffer.enable needs max_response_length")

@@ -45,7 +45,7 @@ class RoleBuilder(contextlib.AbstractContextManager):
         from jaxrl_hf.workers import ActorRolloutRefWorker, CostModelWorker, CriticWorker, RewardModelWorker
 
         c = self.config
-        worker_config = c.to_dict()
+        worker_config = c  # the typed RunConfig itself (Ray pickles it); every worker reads its sections
         actor_pool = self._pool("actor")
         actor = WorkerGroup(actor_pool, ActorRolloutRefWorker, worker_config, actor_role_name(c), role="actor")
         groups = {"actor": actor}

@@ -31,9 +31,7 @@ class RewardFunction:
         manager = "naive" if validation else rm.reward_manager
         if manager == "dapo":
             kwargs.update(max_response_length=config.rollout.response_length,
-                          overlong_buffer={"enable": rm.overlong_buffer.enable, "len": rm.overlong_buffer.len,
-                                           "penalty_factor": rm.overlong_buffer.penalty_factor,
-                                           "log": rm.overlong_buffer.log})
+                          overlong_buffer=rm.overlong_buffer)
         self.manager = make_reward_manager(manager, score_fn=spec, **kwargs)
         self.rule_weight = rm.rule_weight if (rm.enable and not validation) else 1.0
 

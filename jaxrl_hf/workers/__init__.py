@@ -11,11 +11,13 @@ Importing this package has no side effects beyond importing JAX (no devices are 
 
 from jaxrl_hf.workers.actor import ActorRolloutRefWorker
 from jaxrl_hf.workers.critic import CriticWorker
-from jaxrl_hf.workers.losses import ActorLossConfig, CriticLossConfig, actor_loss, critic_loss
-from jaxrl_hf.workers.optim import OptimConfig, learning_rate, make_optimizer
+from jaxrl_hf.workers.losses import (ActorLossConfig, CriticLossConfig, actor_loss, actor_loss_config, critic_loss,
+                                     critic_loss_config)
+from jaxrl_hf.workers.optim import learning_rate, make_optimizer
 from jaxrl_hf.workers.reward_model import CostModelWorker, RewardModelWorker
 from jaxrl_hf.workers.train_step import TrainState, init_train_state, make_train_step
 
 __all__ = ["ActorRolloutRefWorker", "CriticWorker", "RewardModelWorker", "CostModelWorker", "ActorLossConfig",
-           "CriticLossConfig", "actor_loss", "critic_loss", "OptimConfig", "learning_rate", "make_optimizer",
+           "CriticLossConfig", "actor_loss", "actor_loss_config", "critic_loss", "critic_loss_config",
+           "learning_rate", "make_optimizer",
            "TrainState", "init_train_state", "make_train_step"]

@@ -41,45 +41,25 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_hf import mesh as meshlib
-from jaxrl_hf.config.schema import RolloutConfig
+from jaxrl_hf.config.schema import RunConfig
 from jaxrl_hf.controller import PAD_ROWS_KEY, Batch, Dispatch, Worker, register
 from jaxrl_hf.models import param_logical_axes, save_hf_dir
 from jaxrl_hf.rollout import ENGINE_NAMES, JaxGenerationEngine, RolloutEngine, SamplingParams, make_rollout_engine
 from jaxrl_hf.rollout.loops import RolloutRequest, make_rollout_loop
 from jaxrl_hf.workers import checkpoint as ckpt
-from jaxrl_hf.workers.common import (LoadedModel, WorkerConfigError, chunked_apply, copy_tokenizer_files, get,
-                                     lm_param_shardings, load_model, to_global, train_parallel)
+from jaxrl_hf.workers.common import (LoadedModel, WorkerConfigError, chunked_apply, copy_tokenizer_files,
+                                     lm_param_shardings, load_model, to_global, train_parallel, worker_run_config)
 from jaxrl_hf.workers.generation_layout import GenerationLayout, generation_parallel
-from jaxrl_hf.workers.losses import (ACTOR_SUMMED_METRICS, ActorLossConfig, actor_loss, lm_log_prob_fn,
+from jaxrl_hf.workers.losses import (ACTOR_SUMMED_METRICS, actor_loss, actor_loss_config, lm_log_prob_fn,
                                      response_denominator)
 from jaxrl_hf.workers.minibatch import MiniBatchPlan, iterate_minibatches, mean_metrics
 from jaxrl_hf.workers.offload import OptimizerOffload
-from jaxrl_hf.workers.optim import OptimConfig, make_optimizer
+from jaxrl_hf.workers.optim import make_optimizer
 from jaxrl_hf.workers.protocols import MESH_DP_MERGE
 from jaxrl_hf.workers.train_step import TrainState, init_train_state, make_train_step, train_state_shardings
 
 ROLES = ("actor_rollout_ref", "actor_rollout", "ref")
 LOG_PROB_INPUTS = ("input_ids", "attention_mask", "position_ids", "responses")
-
-
-def actor_loss_config(config: Mapping[str, Any]) -> ActorLossConfig:
-    """`ActorLossConfig` from the ``actor`` and ``rollout`` sections (keys named as in verl)."""
-    actor = get(config, "actor")
-    correction = get(actor, "rollout_correction", {}) or {}
-    try:
-        return ActorLossConfig(
-            loss_mode=get(actor, "policy_loss.loss_mode", "vanilla"),
-            loss_agg_mode=get(actor, "loss_agg_mode", "token-mean"),
-            clip_ratio=float(get(actor, "clip_ratio", 0.2)),
-            clip_ratio_low=get(actor, "clip_ratio_low", None), clip_ratio_high=get(actor, "clip_ratio_high", None),
-            clip_ratio_c=float(get(actor, "clip_ratio_c", 3.0)), entropy_coeff=float(get(actor, "entropy_coeff", 0.0)),
-            use_kl_loss=bool(get(actor, "use_kl_loss", False)), kl_loss_coef=float(get(actor, "kl_loss_coef", 0.001)),
-            kl_loss_type=get(actor, "kl_loss_type", "low_var_kl"),
-            temperature=float(get(config, "rollout.temperature", 1.0)),
-            rollout_correction_level=correction.get("level"),
-            rollout_correction_threshold=float(correction.get("threshold", 2.0)))
-    except ValueError as err:
-        raise WorkerConfigError(f"actor config: {err}") from None
 
 
 @functools.partial(jax.jit, static_argnames=("log_prob_fn",))
@@ -92,31 +72,31 @@ class ActorRolloutRefWorker(Worker):
     """Actor + rollout + reference of one policy, on one ``('pp','tp','dp')`` mesh over the pool's devices
     (plus, when ``placement.generate`` differs from the training pp/tp, a generation mesh over the same devices).
 
-    ``config``: the validated nested dict (``model``, ``actor``, ``rollout``, ``placement``, ...).
-    Call ``init_model()`` once before anything else.
+    ``config``: the run's `RunConfig` (reads ``model``, ``actor``, ``rollout``, ``placement``), or a plain
+    nested mapping built into one (`worker_run_config`). Call ``init_model()`` once before anything else.
     """
 
-    def __init__(self, config: Mapping[str, Any], role: str = "actor_rollout_ref"):
+    def __init__(self, config: RunConfig | Mapping[str, Any], role: str = "actor_rollout_ref"):
         if role not in ROLES:
             raise WorkerConfigError(f"ActorRolloutRefWorker role={role!r}; valid: {list(ROLES)}")
-        self.config, self.worker_role = config, role
+        self.config, self.worker_role = worker_run_config(config), role
         self.has_actor, self.has_ref = role != "ref", role in ("actor_rollout_ref", "ref")
-        self.train = train_parallel(get(config, "placement", {}))
-        self.gen = generation_parallel(get(config, "placement", {}), self.train)  # None: generate on the train mesh
-        offload = get(config, "actor.offload_optimizer", False)
+        self.train = train_parallel(self.config.placement)
+        self.gen = generation_parallel(self.config.placement, self.train)  # None: generate on the train mesh
+        offload = self.config.actor.offload_optimizer
         if not isinstance(offload, bool):
             raise WorkerConfigError(f"actor.offload_optimizer={offload!r}: must be true or false")
         self.offload = OptimizerOffload() if offload and self.has_actor else None
         self.mesh = meshlib.build_train_mesh(self.train, meshlib.ordered_devices())
         self.layout: GenerationLayout | None = None
-        self.engine_name = get(config, "rollout.name", "jax")
+        self.engine_name = self.config.rollout.name
         if self.engine_name not in ENGINE_NAMES:
             raise WorkerConfigError(f"rollout.name={self.engine_name!r}; valid: {list(ENGINE_NAMES)}")
         self.model: LoadedModel | None = None
         self.state: TrainState | None = None
         self.ref_params: Any = None
         self.global_step, self._gen_calls = 0, 0
-        loop_name = get(config, "rollout.loop", RolloutConfig.loop)
+        loop_name = self.config.rollout.loop
         try:
             self.rollout_loop = make_rollout_loop(loop_name)
         except ValueError as err:
@@ -141,7 +121,7 @@ class ActorRolloutRefWorker(Worker):
     def init_model(self) -> dict[str, Any]:
         """Load/initialise the policy, place it on the mesh, build the optimizer, train step, rollout
         engine and (for roles with a reference) the frozen reference copy. Returns a small summary."""
-        self.model = load_model(get(self.config, "model"))
+        self.model = load_model(self.config.model)
         config = self.model.config
         shardings = lm_param_shardings(config, self.model.params, self.mesh, self.gen)
         if self.gen is not None and self.has_actor and self.engine_name == "jax":
@@ -156,11 +136,13 @@ class ActorRolloutRefWorker(Worker):
         if self.has_ref:
             self.ref_params = jax.tree.map(jnp.copy, params) if self.has_actor else params
         if self.has_actor:
-            self.loss_cfg = actor_loss_config(self.config)
-            actor = get(self.config, "actor")
-            self.optim = OptimConfig.from_dict(get(actor, "optim", {}), grad_clip=get(actor, "grad_clip", 1.0),
-                                               where="actor.optim")
-            optimizer = make_optimizer(self.optim)
+            actor = self.config.actor
+            try:
+                self.loss_cfg = actor_loss_config(actor, self.config.rollout.temperature)
+            except ValueError as err:
+                raise WorkerConfigError(f"actor config: {err}") from None
+            self.optim = actor.optim
+            optimizer = make_optimizer(self.optim, actor.grad_clip, where="actor.optim")
             state_shardings = train_state_shardings(params, shardings, optimizer, self.mesh)
             self.state = jax.jit(lambda p: init_train_state(p, optimizer), out_shardings=state_shardings)(params)
             loss_fn = functools.partial(actor_loss, log_prob_fn=self.log_prob_fn, cfg=self.loss_cfg)
@@ -182,14 +164,14 @@ class ActorRolloutRefWorker(Worker):
             return None
         from jaxrl_hf.rollout.vllm_engine import VllmOptions
 
-        rollout = get(self.config, "rollout")
-        options = {k: rollout[k] for k in VllmOptions.valid_keys() if rollout.get(k) is not None}
+        rollout = self.config.rollout
+        options = {k: getattr(rollout, k) for k in VllmOptions.valid_keys() if getattr(rollout, k) is not None}
         if "logprobs_mode" not in options:
             # The sampler log-probs must be log-softmax(logits / T) without top-k/top-p renormalisation (what
             # the trainer recomputes). vLLM fixes its mode per engine: at T = 1 for training and validation,
             # ``raw_logprobs`` is exactly that whatever top-k/top-p are; otherwise ``processed_logprobs`` is,
             # as long as top-k/top-p are off (the engine raises on a call where neither is exact).
-            temps = {float(rollout.get("temperature", 1.0)), float((rollout.get("val") or {}).get("temperature", 1.0))}
+            temps = {float(rollout.temperature), float(rollout.val.temperature)}
             options["logprobs_mode"] = "raw_logprobs" if temps == {1.0} else "processed_logprobs"
         return options
 
@@ -267,10 +249,13 @@ class ActorRolloutRefWorker(Worker):
 
     # ------------------------------------------------------------------------------ rollout
     def _sampling(self, meta: Mapping[str, Any]) -> SamplingParams:
-        rollout = get(self.config, "rollout")
-        base = dict(rollout.get("val", {}) or {}) if meta.get("validate") else {}
-        pick = lambda key, default: meta.get(key, base.get(key, rollout.get(key, default)))  # noqa: E731
-        greedy = bool(pick("greedy", False))
+        rollout = self.config.rollout
+        val = rollout.val if meta.get("validate") else None
+
+        def pick(key: str) -> Any:  # meta_info, else rollout.val's key (validation), else rollout's
+            return meta.get(key, getattr(val, key) if hasattr(val, key) else getattr(rollout, key))
+
+        greedy = bool(meta.get("greedy", val is not None and val.greedy))
         seed = meta.get("seed")
         # The native engine runs one SPMD batch over all processes and keys each row by its global index, so
         # its seed is the same on every process (dp rank 0's: what one process uses). vLLM runs one engine per
@@ -278,15 +263,15 @@ class ActorRolloutRefWorker(Worker):
         coords = self.mesh_coords()
         rank = coords.dp_rank if self.engine_name != "jax" else 0
         if seed is None:
-            words = [int(rollout.get("seed", 0)), self.global_step, self._gen_calls, rank,
+            words = [rollout.seed, self.global_step, self._gen_calls, rank,
                      int(bool(meta.get("validate")))]
             seed = int(np.random.SeedSequence(words).generate_state(1)[0])
         elif self.engine_name != "jax" and coords.dp_size > 1:
             seed = int(np.random.SeedSequence([int(seed) & 0xFFFFFFFF, rank]).generate_state(1)[0])
         try:
-            return SamplingParams(temperature=float(pick("temperature", 1.0)), top_p=float(pick("top_p", 1.0)),
-                                  top_k=max(int(pick("top_k", 0) or 0), 0), n=int(pick("n", 1)),
-                                  max_new_tokens=int(meta.get("response_length", rollout.get("response_length", 64))),
+            return SamplingParams(temperature=float(pick("temperature")), top_p=float(pick("top_p")),
+                                  top_k=max(int(pick("top_k") or 0), 0), n=int(pick("n")),
+                                  max_new_tokens=int(meta.get("response_length", rollout.response_length)),
                                   greedy=greedy, seed=seed)
         except ValueError as err:
             raise WorkerConfigError(f"rollout sampling: {err}") from None
@@ -324,8 +309,7 @@ class ActorRolloutRefWorker(Worker):
         for key in LOG_PROB_INPUTS:
             if key not in batch:
                 raise KeyError(f"log-prob computation: Batch has no {key!r}; columns: {batch.keys()}")
-        per_device = int(get(self.config, "actor.log_prob_micro_batch_size_per_device",
-                             get(self.config, "actor.ppo_micro_batch_size_per_device", 4)))
+        per_device = self.config.actor.log_prob_micro_batch_size_per_device
         chunk = per_device * self.dp_devices // self.dp_processes
         program = functools.partial(_log_probs_program, log_prob_fn=self.log_prob_fn)
         logp, ent = chunked_apply(program, params, {k: batch[k] for k in LOG_PROB_INPUTS}, chunk, self.mesh,
@@ -336,7 +320,7 @@ class ActorRolloutRefWorker(Worker):
         return logp.astype(np.float32), ent.astype(np.float32)
 
     def _temperature(self, meta: Mapping[str, Any]) -> float:
-        return float(meta.get("temperature", get(self.config, "rollout.temperature", 1.0)))
+        return float(meta.get("temperature", self.config.rollout.temperature))
 
     @register(dispatch=Dispatch.MESH_DP)
     def compute_log_prob(self, batch: Batch) -> Batch:
@@ -360,13 +344,12 @@ class ActorRolloutRefWorker(Worker):
     # ------------------------------------------------------------------------------ update
     def minibatch_plan(self, rows: int) -> MiniBatchPlan:
         """How this rank's ``rows`` split into mini-batches (optimizer steps) and micro-batches."""
-        actor = get(self.config, "actor")
-        n = int(get(self.config, "rollout.n", 1))
-        return MiniBatchPlan.build(rows, mini_batch_prompts=int(get(actor, "ppo_mini_batch_size")), samples_per_prompt=n,
-                                   micro_per_device=int(get(actor, "ppo_micro_batch_size_per_device")),
+        actor = self.config.actor
+        return MiniBatchPlan.build(rows, mini_batch_prompts=actor.ppo_mini_batch_size,
+                                   samples_per_prompt=self.config.rollout.n,
+                                   micro_per_device=actor.ppo_micro_batch_size_per_device,
                                    dp_devices=self.dp_devices, dp_processes=self.dp_processes,
-                                   epochs=int(get(actor, "ppo_epochs", 1)), shuffle=bool(get(actor, "shuffle", False)),
-                                   where="actor")
+                                   epochs=actor.ppo_epochs, shuffle=actor.shuffle, where="actor")
 
     @register(dispatch=MESH_DP_MERGE)  # per-process wall-clock metrics (timing_s/weight_sync) differ: rank 0's
     def update_actor(self, batch: Batch) -> Batch:
@@ -389,7 +372,7 @@ class ActorRolloutRefWorker(Worker):
         plan = self.minibatch_plan(len(batch))
         if self.offload is not None:
             self.state = self.offload.restore(self.state)
-        seed = [int(get(self.config, "rollout.seed", 0)), self.global_step, self.mesh_coords().dp_rank]
+        seed = [self.config.rollout.seed, self.global_step, self.mesh_coords().dp_rank]
         collected = []
         for micro in iterate_minibatches(arrays, plan, seed):
             placed = {k: to_global(v, self.mesh, self.dp_processes, micro_axis=True) for k, v in micro.items()}
@@ -414,7 +397,7 @@ class ActorRolloutRefWorker(Worker):
         """Atomically write params, optimizer state, update count and the RNG/step counters to ``path``."""
         self._require_model("save_checkpoint")
         meta = {"role": self.worker_role, "global_step": self.global_step, "gen_calls": self._gen_calls,
-                "rollout_seed": int(get(self.config, "rollout.seed", 0)), "model_config": self.model.config.to_hf_dict()}
+                "rollout_seed": self.config.rollout.seed, "model_config": self.model.config.to_hf_dict()}
         with self._optimizer_on_device():
             return ckpt.save_state(path, self._checkpoint_tree(), meta)
 

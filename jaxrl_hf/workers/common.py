@@ -1,4 +1,4 @@
-"""Shared pieces of the role workers: config access, model construction, the training mesh, batch placement.
+"""Shared pieces of the role workers: the typed config, model construction, the training mesh, batch placement.
 
 Each worker process holds a slice of every data batch (its dp shard, from the controller's MESH_DP
 protocol) and runs SPMD programs over the role's mesh ``('pp','tp','dp')`` spanning all processes'
@@ -18,31 +18,28 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxrl_hf import mesh as meshlib
+from jaxrl_hf.config.build import ConfigError, build_dataclass
+from jaxrl_hf.config.resolve import resolve_defaults
+from jaxrl_hf.config.schema import ModelConfig, PlacementConfig, RunConfig, TinyModelConfig
 from jaxrl_hf.models import DecoderConfig, init_params, param_logical_axes
 from jaxrl_hf.models.tokenizer import Tokenizer
 
 TINY_RANDOM = "tiny-random"
-TINY_KEYS = ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size",
-             "head_dim", "max_position_embeddings", "pad_token_id", "eos_token_id", "bos_token_id",
-             "tie_word_embeddings")
 
 
 class WorkerConfigError(ValueError):
     """A configuration value a worker cannot use; the message names the dotted key."""
 
 
-def get(config: Mapping[str, Any], dotted: str, default: Any = ...) -> Any:
-    """``config["a"]["b"]`` for ``"a.b"``; a missing key without ``default`` raises naming it."""
-    node: Any = config
-    for i, part in enumerate(dotted.split(".")):
-        if not isinstance(node, Mapping) or part not in node:
-            if default is not ...:
-                return default
-            where = ".".join(dotted.split(".")[:i]) or "<root>"
-            valid = sorted(node) if isinstance(node, Mapping) else []
-            raise WorkerConfigError(f"missing config key {dotted!r} (no {part!r} under {where}; has {valid})")
-        node = node[part]
-    return node
+def worker_run_config(config: RunConfig | Mapping[str, Any]) -> RunConfig:
+    """The typed config a worker runs on: a ``RunConfig`` as given, or a plain nested mapping (scripts, tests)
+    built once through the schema's builder (type-checked, unknown keys named); then the derived defaults
+    (``resolve_defaults``: idempotent, so an already-resolved config comes back equal)."""
+    try:
+        typed = config if isinstance(config, RunConfig) else build_dataclass(RunConfig, dict(config))
+        return resolve_defaults(typed)
+    except ConfigError as err:
+        raise WorkerConfigError(str(err)) from None
 
 
 # ------------------------------------------------------------------------------------------ models
@@ -72,57 +69,43 @@ class LoadedModel:
         return tuple(sorted(ids))
 
 
-def tiny_decoder_config(tiny: Mapping[str, Any], dtype: str, remat: str, where: str = "model.tiny") -> DecoderConfig:
-    """A small random Llama for smoke tests from ``model.tiny`` (keys: `TINY_KEYS`)."""
-    unknown = sorted(set(tiny) - set(TINY_KEYS))
-    if unknown:
-        raise WorkerConfigError(f"{where}: unknown key(s) {unknown}; valid: {list(TINY_KEYS)}")
-    heads = int(tiny.get("num_heads", 4))
-    hidden = int(tiny.get("hidden_size", 64))
-    eos = tiny.get("eos_token_id", 2)
+def tiny_decoder_config(tiny: TinyModelConfig, dtype: str, remat: str, where: str = "model.tiny") -> DecoderConfig:
+    """A small random Llama for smoke tests from ``model.tiny``."""
     try:
         return DecoderConfig(
-            vocab_size=int(tiny.get("vocab_size", 256)), hidden_size=hidden,
-            intermediate_size=int(tiny.get("intermediate_size", 2 * hidden)),
-            num_hidden_layers=int(tiny.get("num_layers", 2)), num_attention_heads=heads,
-            num_key_value_heads=int(tiny.get("num_kv_heads", heads)),
-            head_dim=int(tiny.get("head_dim") or hidden // heads),
-            max_position_embeddings=int(tiny.get("max_position_embeddings", 2048)),
-            tie_word_embeddings=bool(tiny.get("tie_word_embeddings", False)),
-            bos_token_id=tiny.get("bos_token_id", 1), pad_token_id=int(tiny.get("pad_token_id", 0)),
-            eos_token_ids=tuple(int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])),
+            vocab_size=tiny.vocab_size, hidden_size=tiny.hidden_size, intermediate_size=tiny.intermediate_size,
+            num_hidden_layers=tiny.num_layers, num_attention_heads=tiny.num_heads,
+            num_key_value_heads=tiny.num_kv_heads, head_dim=tiny.head_dim or tiny.hidden_size // tiny.num_heads,
+            max_position_embeddings=tiny.max_position_embeddings, tie_word_embeddings=tiny.tie_word_embeddings,
+            bos_token_id=tiny.bos_token_id, pad_token_id=tiny.pad_token_id, eos_token_ids=(tiny.eos_token_id,),
             dtype=dtype, remat=remat)
     except ValueError as err:
         raise WorkerConfigError(f"{where}: {err}") from None
 
 
-def load_model(model_cfg: Mapping[str, Any], where: str = "model") -> LoadedModel:
+def load_model(model: ModelConfig, where: str = "model") -> LoadedModel:
     """``model.path``: ``"tiny-random"`` (random init from ``model.tiny`` and ``model.seed``), a known
     model name (``"smollm2-135m-instruct"``), an HF directory or a ``.gguf`` file."""
-    path = get(model_cfg, "path", TINY_RANDOM)
-    dtype, remat = get(model_cfg, "dtype", "float32"), get(model_cfg, "remat", "none")
-    if path == TINY_RANDOM:
-        config = tiny_decoder_config(get(model_cfg, "tiny", {}), dtype, remat, where=f"{where}.tiny")
-        params = init_params(config, int(get(model_cfg, "seed", 0)))
-        return LoadedModel(config, params, None, None)
+    if model.path == TINY_RANDOM:
+        config = tiny_decoder_config(model.tiny, model.dtype, model.remat, where=f"{where}.tiny")
+        return LoadedModel(config, init_params(config, model.seed), None, None)
     from jaxrl_hf.models import load_pretrained
 
     try:
-        lm = load_pretrained(path, dtype=dtype, remat=remat)
+        lm = load_pretrained(model.path, dtype=model.dtype, remat=model.remat)
     except (ValueError, FileNotFoundError) as err:
-        raise WorkerConfigError(f"{where}.path={path!r}: {err}") from err
+        raise WorkerConfigError(f"{where}.path={model.path!r}: {err}") from err
     return LoadedModel(lm.config, lm.params, lm.tokenizer, lm.path)
 
 
 # ------------------------------------------------------------------------------------------ mesh
-def train_parallel(placement: Mapping[str, Any], where: str = "placement") -> meshlib.TrainParallel:
-    """``placement.train.{pp,tp,dp}``; ``dp`` defaults to all devices / (pp·tp); must cover every device."""
-    train = get(placement, "train", {}) or {}
-    pp, tp = int(train.get("pp", 1)), int(train.get("tp", 1))
+def train_parallel(placement: PlacementConfig, where: str = "placement") -> meshlib.TrainParallel:
+    """``placement.train.{pp,tp,dp}``; ``dp`` = 0 means all devices / (pp·tp); must cover every device."""
+    pp, tp = placement.train.pp, placement.train.tp
     devices = jax.device_count()
     if devices % (pp * tp):
         raise WorkerConfigError(f"{where}.train: pp·tp = {pp}·{tp} does not divide the {devices} devices")
-    dp = int(train.get("dp") or devices // (pp * tp))
+    dp = placement.train.dp or devices // (pp * tp)
     if pp * tp * dp != devices:
         raise WorkerConfigError(f"{where}.train: pp·tp·dp = {pp}·{tp}·{dp} = {pp * tp * dp} but the worker's "
                                 f"JAX program has {devices} devices (placement.num_processes × devices_per_process)")

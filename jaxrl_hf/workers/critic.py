@@ -14,14 +14,16 @@ import jax
 import numpy as np
 
 from jaxrl_hf import mesh as meshlib
+from jaxrl_hf.config.schema import RunConfig
 from jaxrl_hf.controller import PAD_ROWS_KEY, Batch, Dispatch, Worker, register
 from jaxrl_hf.models import value_param_logical_axes, value_params_from_lm
 from jaxrl_hf.workers import checkpoint as ckpt
-from jaxrl_hf.workers.common import (LoadedModel, WorkerConfigError, chunked_apply, get, load_model,
-                                     param_shardings, to_global, train_parallel)
-from jaxrl_hf.workers.losses import CRITIC_SUMMED_METRICS, CriticLossConfig, critic_loss, response_denominator, value_head_fn
+from jaxrl_hf.workers.common import (LoadedModel, WorkerConfigError, chunked_apply, load_model, param_shardings,
+                                     to_global, train_parallel, worker_run_config)
+from jaxrl_hf.workers.losses import (CRITIC_SUMMED_METRICS, critic_loss, critic_loss_config, response_denominator,
+                                     value_head_fn)
 from jaxrl_hf.workers.minibatch import MiniBatchPlan, iterate_minibatches, mean_metrics
-from jaxrl_hf.workers.optim import OptimConfig, make_optimizer
+from jaxrl_hf.workers.optim import make_optimizer
 from jaxrl_hf.workers.train_step import TrainState, init_train_state, make_train_step, train_state_shardings
 
 VALUE_INPUTS = ("input_ids", "attention_mask", "position_ids", "responses")
@@ -34,13 +36,14 @@ def _values_program(params: Any, micro: Mapping[str, jax.Array], *, value_fn: An
 
 
 class CriticWorker(Worker):
-    """Value model on a ``('pp','tp','dp')`` mesh. ``config["critic"]`` holds the optimizer/mini-batch keys;
-    the backbone comes from ``critic.model`` if given, else ``model`` (the actor's initial weights)."""
+    """Value model on a ``('pp','tp','dp')`` mesh. ``config``: the run's `RunConfig` (or a plain nested mapping,
+    `worker_run_config`); ``critic`` holds the optimizer/mini-batch keys; the backbone comes from
+    ``critic.model`` if given, else ``model`` (the actor's initial weights)."""
 
-    def __init__(self, config: Mapping[str, Any]):
-        self.config = config
-        self.critic_cfg = get(config, "critic")
-        self.train = train_parallel(get(config, "placement", {}))
+    def __init__(self, config: RunConfig | Mapping[str, Any]):
+        self.config = worker_run_config(config)
+        self.critic_cfg = self.config.critic
+        self.train = train_parallel(self.config.placement)
         self.mesh = meshlib.build_train_mesh(self.train, meshlib.ordered_devices())
         self.model: LoadedModel | None = None
         self.state: TrainState | None = None
@@ -58,22 +61,20 @@ class CriticWorker(Worker):
     def init_model(self) -> dict[str, Any]:
         """Backbone from the LM weights + a value head (``critic.value_head_init_std``, default 0 so V=0
         at the start), optimizer and train step."""
-        model_cfg = get(self.critic_cfg, "model", None) or get(self.config, "model")
-        self.model = load_model(model_cfg, where="critic.model" if "model" in self.critic_cfg else "model")
+        model_cfg = self.critic_cfg.model or self.config.model
+        self.model = load_model(model_cfg, where="critic.model" if self.critic_cfg.model else "model")
         config = self.model.config
-        params = value_params_from_lm(self.model.params, config, int(get(model_cfg, "seed", 0)) + 1,
-                                      head_std=float(self.critic_cfg.get("value_head_init_std", 0.0)))
+        params = value_params_from_lm(self.model.params, config, model_cfg.seed + 1,
+                                      head_std=self.critic_cfg.value_head_init_std)
         self.model.params = None
         shardings = param_shardings(params, value_param_logical_axes(config), self.mesh)
         params = jax.device_put(params, shardings)
         try:
-            self.loss_cfg = CriticLossConfig(cliprange_value=float(self.critic_cfg.get("cliprange_value", 0.5)),
-                                             loss_agg_mode=self.critic_cfg.get("loss_agg_mode", "token-mean"))
+            self.loss_cfg = critic_loss_config(self.critic_cfg)
         except ValueError as err:
             raise WorkerConfigError(f"critic config: {err}") from None
-        self.optim = OptimConfig.from_dict(get(self.critic_cfg, "optim", {}),
-                                           grad_clip=self.critic_cfg.get("grad_clip", 1.0), where="critic.optim")
-        optimizer = make_optimizer(self.optim)
+        self.optim = self.critic_cfg.optim
+        optimizer = make_optimizer(self.optim, self.critic_cfg.grad_clip, where="critic.optim")
         state_shardings = train_state_shardings(params, shardings, optimizer, self.mesh)
         self.state = jax.jit(lambda p: init_train_state(p, optimizer), out_shardings=state_shardings)(params)
         self.value_fn = value_head_fn(config, self.mesh, meshlib.train_activation_rules())
@@ -96,9 +97,7 @@ class CriticWorker(Worker):
         missing = [k for k in VALUE_INPUTS + ("response_mask",) if k not in batch]
         if missing:
             raise KeyError(f"compute_values: Batch lacks {missing}; columns: {batch.keys()}")
-        per_device = int(self.critic_cfg.get("log_prob_micro_batch_size_per_device",
-                                             get(self.critic_cfg, "ppo_micro_batch_size_per_device")))
-        chunk = per_device * int(self.mesh.shape["dp"]) // self.dp_processes
+        chunk = self.critic_cfg.ppo_micro_batch_size_per_device * int(self.mesh.shape["dp"]) // self.dp_processes
         (values,) = chunked_apply(functools.partial(_values_program, value_fn=self.value_fn), self.state.params,
                                   {k: batch[k] for k in VALUE_INPUTS}, chunk, self.mesh, self.dp_processes)
         return Batch.from_dict({"values": (values * (np.asarray(batch["response_mask"]) != 0)).astype(np.float32)})
@@ -118,14 +117,13 @@ class CriticWorker(Worker):
             arrays["response_mask"] = arrays["response_mask"].copy()
             arrays["response_mask"][len(batch) - pad:] = 0
         c = self.critic_cfg
-        plan = MiniBatchPlan.build(len(batch), mini_batch_prompts=int(get(c, "ppo_mini_batch_size")),
-                                   samples_per_prompt=int(get(self.config, "rollout.n", 1)),
-                                   micro_per_device=int(get(c, "ppo_micro_batch_size_per_device")),
+        plan = MiniBatchPlan.build(len(batch), mini_batch_prompts=c.ppo_mini_batch_size,
+                                   samples_per_prompt=self.config.rollout.n,
+                                   micro_per_device=c.ppo_micro_batch_size_per_device,
                                    dp_devices=int(self.mesh.shape["dp"]), dp_processes=self.dp_processes,
-                                   epochs=int(c.get("ppo_epochs", 1)), shuffle=bool(c.get("shuffle", False)),
-                                   where="critic")
+                                   epochs=c.ppo_epochs, shuffle=c.shuffle, where="critic")
         collected = []
-        seed = [int(get(self.config, "rollout.seed", 0)), self.global_step, self.mesh_coords().dp_rank, 1]
+        seed = [self.config.rollout.seed, self.global_step, self.mesh_coords().dp_rank, 1]
         for micro in iterate_minibatches(arrays, plan, seed):
             placed = {k: to_global(v, self.mesh, self.dp_processes, micro_axis=True) for k, v in micro.items()}
             self.state, metrics = self._train_step(self.state, placed)

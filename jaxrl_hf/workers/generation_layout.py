@@ -16,32 +16,29 @@ and the actor generates on its training mesh (no reshard).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from typing import Any
 
 import jax
 import numpy as np
 
 from jaxrl_hf import mesh as meshlib
-from jaxrl_hf.workers.common import WorkerConfigError, get
+from jaxrl_hf.config.schema import PlacementConfig
+from jaxrl_hf.workers.common import WorkerConfigError
 
 
 def _divisors(n: int) -> list[int]:
     return [k for k in range(1, n + 1) if n % k == 0]
 
 
-def generation_parallel(placement: Mapping[str, Any], train: meshlib.TrainParallel,
+def generation_parallel(placement: PlacementConfig, train: meshlib.TrainParallel,
                         where: str = "placement") -> meshlib.GenParallel | None:
     """``placement.generate.{pp,tp}`` as a `mesh.GenParallel` over ``train``, or ``None`` when equal to the
-    training pp/tp (no reshard). Each generation size must divide the training size (the paper's grouping
-    takes generation groups at the integral strides ``p/p_g``, ``t/t_g``); errors name the key and list
-    the valid values."""
-    generate = get(placement, "generate", {}) or {}
-    unknown = sorted(set(generate) - {"pp", "tp"})
-    if unknown:
-        raise WorkerConfigError(f"{where}.generate: unknown key(s) {unknown}; valid: ['pp', 'tp']")
+    training pp/tp (no reshard; an unset size means the training one). Each generation size must divide the
+    training size (the paper's grouping takes generation groups at the integral strides ``p/p_g``, ``t/t_g``);
+    errors name the key and list the valid values."""
     sizes = {}
     for name, train_size in (("pp", train.pp), ("tp", train.tp)):
-        value = generate.get(name, train_size)
+        value = getattr(placement.generate, name)
         if value is None:
             value = train_size
         valid = _divisors(train_size)

@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxrl_hf import algos
+from jaxrl_hf.config.schema import ActorConfig, CriticConfig
 from jaxrl_hf.models.config import DecoderConfig
 from jaxrl_hf.models.forward import hidden_states, lm_head_kernel
 from jaxrl_hf.models.logprobs import log_probs_and_entropy_from_hidden
@@ -58,21 +59,22 @@ def response_values(params: Any, config: DecoderConfig, input_ids: Array, attent
 
 @dataclasses.dataclass(frozen=True)
 class ActorLossConfig:
-    """Static options of the actor loss (hashable; see the module docstring)."""
+    """Static options of the actor loss (hashable; see the module docstring): a flat view of the ``actor``
+    section plus the rollout temperature, built by `actor_loss_config` (the defaults live in the schema)."""
 
-    loss_mode: str = "vanilla"
-    loss_agg_mode: str = "token-mean"
-    clip_ratio: float = 0.2
-    clip_ratio_low: float | None = None
-    clip_ratio_high: float | None = None
-    clip_ratio_c: float = 3.0
-    entropy_coeff: float = 0.0
-    use_kl_loss: bool = False
-    kl_loss_coef: float = 0.001
-    kl_loss_type: str = "low_var_kl"
-    temperature: float = 1.0
-    rollout_correction_level: str | None = None
-    rollout_correction_threshold: float = 2.0
+    loss_mode: str
+    loss_agg_mode: str
+    clip_ratio: float
+    clip_ratio_low: float | None
+    clip_ratio_high: float | None
+    clip_ratio_c: float
+    entropy_coeff: float
+    use_kl_loss: bool
+    kl_loss_coef: float
+    kl_loss_type: str
+    temperature: float
+    rollout_correction_level: str | None
+    rollout_correction_threshold: float
 
     def __post_init__(self) -> None:
         algos.get_policy_loss(self.loss_mode)  # raises listing the valid names
@@ -96,6 +98,18 @@ class ActorLossConfig:
             keys.append("rollout_log_probs")
         keys += [k for k in algos.policy_loss_needs(self.loss_mode) if k not in keys]
         return tuple(keys)
+
+
+def actor_loss_config(actor: ActorConfig, temperature: float) -> ActorLossConfig:
+    """The loss view of the ``actor`` section; ``temperature`` is ``rollout.temperature`` (log-probs are taken
+    of ``logits / T``, as the sampler's). Raises ``ValueError`` naming the bad key."""
+    return ActorLossConfig(
+        loss_mode=actor.policy_loss.loss_mode, loss_agg_mode=actor.loss_agg_mode, clip_ratio=actor.clip_ratio,
+        clip_ratio_low=actor.clip_ratio_low, clip_ratio_high=actor.clip_ratio_high, clip_ratio_c=actor.clip_ratio_c,
+        entropy_coeff=actor.entropy_coeff, use_kl_loss=actor.use_kl_loss, kl_loss_coef=actor.kl_loss_coef,
+        kl_loss_type=actor.kl_loss_type, temperature=temperature,
+        rollout_correction_level=actor.rollout_correction.level,
+        rollout_correction_threshold=actor.rollout_correction.threshold)
 
 
 ACTOR_SUMMED_METRICS = ("pg_loss", "entropy", "kl_loss")
@@ -162,16 +176,21 @@ def actor_loss(params: Any, micro: Mapping[str, Array], denominator: Array, *, l
 
 @dataclasses.dataclass(frozen=True)
 class CriticLossConfig:
-    """Static options of the critic loss."""
+    """Static options of the critic loss (the ``critic`` section's, through `critic_loss_config`)."""
 
-    cliprange_value: float = 0.5
-    loss_agg_mode: str = "token-mean"
+    cliprange_value: float
+    loss_agg_mode: str
 
     def __post_init__(self) -> None:
         if self.loss_agg_mode not in algos.LOSS_AGG_MODES:
             raise ValueError(f"critic.loss_agg_mode={self.loss_agg_mode!r}; valid: {list(algos.LOSS_AGG_MODES)}")
         if not self.cliprange_value > 0:
             raise ValueError(f"critic.cliprange_value must be > 0, got {self.cliprange_value}")
+
+
+def critic_loss_config(critic: CriticConfig) -> CriticLossConfig:
+    """The loss view of the ``critic`` section; raises ``ValueError`` naming the bad key."""
+    return CriticLossConfig(cliprange_value=critic.cliprange_value, loss_agg_mode=critic.loss_agg_mode)
 
 
 CRITIC_SUMMED_METRICS = ("vf_loss",)

@@ -18,10 +18,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_hf import mesh as meshlib
+from jaxrl_hf.config.schema import RunConfig, ScoringModelConfig
 from jaxrl_hf.controller import Batch, Dispatch, Worker, register
 from jaxrl_hf.models import init_value_params, value_forward, value_param_logical_axes
-from jaxrl_hf.workers.common import (TINY_RANDOM, WorkerConfigError, chunked_apply, get, param_shardings,
-                                     tiny_decoder_config, train_parallel)
+from jaxrl_hf.workers.common import (TINY_RANDOM, WorkerConfigError, chunked_apply, param_shardings,
+                                     tiny_decoder_config, train_parallel, worker_run_config)
 
 ROLES = {"reward": ("reward_model", "rm_scores"), "cost": ("cost_model", "cost_scores")}
 SCORE_INPUTS = ("input_ids", "attention_mask", "position_ids")
@@ -38,31 +39,34 @@ def _last_token_scores(params: Any, micro: Mapping[str, jax.Array], *, config: A
 
 class RewardModelWorker(Worker):
     """Scores sequences with a value-head model; ``role`` picks the config section and output key:
-    ``"reward"`` -> ``config["reward_model"]``, ``rm_scores``; ``"cost"`` -> ``config["cost_model"]``,
-    ``cost_scores``. Section keys: ``path`` (RM directory or ``"tiny-random"``), ``seed``,
-    ``micro_batch_size_per_device`` (default 8), ``dtype``."""
+    ``"reward"`` -> ``reward_model``, ``rm_scores``; ``"cost"`` -> ``cost_model``, ``cost_scores``. Section
+    keys (`ScoringModelConfig`): ``path`` (RM directory or ``"tiny-random"``), ``seed``,
+    ``micro_batch_size_per_device``, ``dtype``. ``config``: the run's `RunConfig` or a plain nested mapping
+    (`worker_run_config`)."""
 
     default_role = "reward"
 
-    def __init__(self, config: Mapping[str, Any], role: str | None = None):
+    def __init__(self, config: RunConfig | Mapping[str, Any], role: str | None = None):
         role = role or self.default_role
         if role not in ROLES:
             raise WorkerConfigError(f"{type(self).__name__} role={role!r}; valid: {sorted(ROLES)}")
-        self.config, self.score_role = config, role
+        self.config, self.score_role = worker_run_config(config), role
         self.section_name, self.output_key = ROLES[role]
-        self.section = get(config, self.section_name)
-        self.train = train_parallel(get(config, "placement", {}))
+        self.section: ScoringModelConfig = getattr(self.config, self.section_name)
+        self.train = train_parallel(self.config.placement)
         self.mesh = meshlib.build_train_mesh(self.train, meshlib.ordered_devices())
         self.params: Any = None
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
     def init_model(self) -> dict[str, Any]:
         """Load the scorer (``<section>.path``) and place it on the mesh."""
-        path = get(self.section, "path", TINY_RANDOM)
-        dtype = self.section.get("dtype", get(self.config, "model.dtype", "float32"))
+        path = self.section.path
+        if path is None:
+            raise WorkerConfigError(f"{self.section_name}.path is not set: a reward-model directory or {TINY_RANDOM!r}")
+        dtype = self.section.dtype or self.config.model.dtype
         if path == TINY_RANDOM:
-            self.model_config = tiny_decoder_config(get(self.config, "model.tiny", {}), dtype, "none")
-            params = init_value_params(self.model_config, int(self.section.get("seed", 0)))
+            self.model_config = tiny_decoder_config(self.config.model.tiny, dtype, "none")
+            params = init_value_params(self.model_config, self.section.seed)
         else:
             from jaxrl_hf.rewards.rm_io import load_reward_model
 
@@ -88,7 +92,7 @@ class RewardModelWorker(Worker):
             raise ValueError(f"compute_rm_score ({self.score_role}): token ids outside the scorer's vocabulary "
                              f"[0, {self.model_config.vocab_size}): min {ids.min()}, max {ids.max()}")
         dp_processes = self.mesh_coords().dp_size
-        chunk = int(self.section.get("micro_batch_size_per_device", 8)) * int(self.mesh.shape["dp"]) // dp_processes
+        chunk = self.section.micro_batch_size_per_device * int(self.mesh.shape["dp"]) // dp_processes
         program = functools.partial(_last_token_scores, config=self.model_config, mesh=self.mesh,
                                     rules=meshlib.train_activation_rules())
         (scores,) = chunked_apply(program, self.params, {k: batch[k] for k in SCORE_INPUTS}, chunk, self.mesh,

@@ -1,6 +1,6 @@
 """The pure training step: micro-batch gradient accumulation, exact global denominators, one optimizer update.
 
-``make_train_step(loss_fn, optimizer, ...)`` returns ``step(state, micro_batches) -> (state, metrics)``:
+``make_train_step(loss_fn, optim, optimizer=..., ...)`` returns ``step(state, micro_batches) -> (state, metrics)``:
 
 * ``micro_batches`` is a dict of arrays shaped ``[M, b, ...]`` (``M`` micro-batches of ``b`` rows; the
   ``b`` axis may be sharded over data-parallel devices).
@@ -25,7 +25,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jaxrl_hf.workers.optim import OptimConfig, learning_rate, make_optimizer
+from jaxrl_hf.config.schema import OptimConfig
+from jaxrl_hf.workers.optim import learning_rate
 
 LossFn = Callable[[Any, Mapping[str, jax.Array], Any], tuple[jax.Array, Mapping[str, jax.Array]]]
 
@@ -90,10 +91,9 @@ def apply_update(state: TrainState, grads: Any, optimizer: optax.GradientTransfo
     return new_state, {"grad_norm": grad_norm, "lr": lr, "skipped": 1.0 - finite.astype(jnp.float32)}
 
 
-def make_train_step(loss_fn: LossFn, optim: OptimConfig, *,
+def make_train_step(loss_fn: LossFn, optim: OptimConfig, *, optimizer: optax.GradientTransformation,
                     denominator_fn: Callable[[Mapping[str, jax.Array]], Any] | None = None,
-                    summed_aux: tuple[str, ...] = (), optimizer: optax.GradientTransformation | None = None,
-                    donate: bool = True,
+                    summed_aux: tuple[str, ...] = (), donate: bool = True,
                     state_shardings: Any = None, jit: bool = True) -> Callable:
     """The jitted ``step(state, micro_batches) -> (state, metrics)`` described in the module docstring.
 
@@ -101,8 +101,6 @@ def make_train_step(loss_fn: LossFn, optim: OptimConfig, *,
     update), ``skipped``, and the averaged ``aux`` entries of ``loss_fn``. ``state_shardings`` (a
     ``TrainState`` of shardings) pins the output layout to the input layout so donation can reuse buffers.
     """
-    optimizer = optimizer or make_optimizer(optim)
-
     def step(state: TrainState, micro_batches: Mapping[str, jax.Array]) -> tuple[TrainState, dict[str, jax.Array]]:
         denominators = denominator_fn(micro_batches) if denominator_fn is not None else None
         loss, grads, aux = accumulate_gradients(loss_fn, state.params, micro_batches, denominators, summed_aux)

@@ -79,9 +79,10 @@ def _timed_generate(engine, prompts, sampling):
 
 def _actor_update_seconds(params, config, out, temperature: float, micro_rows: int = 4) -> dict:
     """One actor optimizer step (PPO clip loss, token-mean, AdamW) on this rollout batch; compile excluded."""
-    from jaxrl_hf.workers.losses import (ACTOR_SUMMED_METRICS, ActorLossConfig, actor_loss, lm_log_prob_fn,
+    from jaxrl_hf.config.schema import ActorConfig
+    from jaxrl_hf.workers.losses import (ACTOR_SUMMED_METRICS, actor_loss, actor_loss_config, lm_log_prob_fn,
                                          response_denominator)
-    from jaxrl_hf.workers.optim import OptimConfig, make_optimizer
+    from jaxrl_hf.workers.optim import make_optimizer
     from jaxrl_hf.workers.train_step import init_train_state, make_train_step
 
     ids = np.concatenate([out.prompt_ids, out.response_ids], 1)
@@ -93,9 +94,10 @@ def _actor_update_seconds(params, config, out, temperature: float, micro_rows: i
              "advantages": rng.normal(size=out.response_ids.shape).astype(np.float32)}
     micro = {k: jnp.asarray(np.asarray(v)[:rows].reshape(rows // micro_rows, micro_rows, *np.shape(v)[1:]))
              for k, v in batch.items()}
-    cfg = ActorLossConfig(temperature=temperature)
-    optim = OptimConfig()
-    optimizer = make_optimizer(optim)
+    actor = ActorConfig()  # the default actor section
+    cfg = actor_loss_config(actor, temperature)
+    optim = actor.optim
+    optimizer = make_optimizer(optim, actor.grad_clip)
     loss_fn = functools.partial(actor_loss, log_prob_fn=lm_log_prob_fn(config), cfg=cfg)
     step = make_train_step(loss_fn, optim, optimizer=optimizer, denominator_fn=response_denominator(cfg.loss_agg_mode),
                            summed_aux=ACTOR_SUMMED_METRICS)
