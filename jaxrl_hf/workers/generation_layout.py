@@ -60,7 +60,8 @@ class GenerationLayout:
     """The generation mesh, its activation rules and the train<->generation reshard of one actor.
 
     ``logical_axes``: the decoder's logical-axis tree; ``param_shapes``: matching shapes/dtypes.
-    ``train_shardings`` is the layout the actor must keep its params in between rollouts.
+    ``train_shardings`` is the layout the actor must keep its params in between rollouts (the actor's
+    training rule set, `jaxrl_hf.workers.common.train_rule_set`); the generation layout derives from it.
     """
 
     gen: meshlib.GenParallel
@@ -68,9 +69,10 @@ class GenerationLayout:
 
     @classmethod
     def build(cls, gen: meshlib.GenParallel, logical_axes: Any, param_shapes: Any,
-              devices: Any = None) -> "GenerationLayout":
-        """Meshes and compiled-on-first-use reshard programs for ``gen`` over ``devices`` (rank order)."""
-        return cls(gen, meshlib.HybridEngine(gen, logical_axes, param_shapes, devices))
+              devices: Any = None, rule_set: meshlib.RuleSet = meshlib.MEGATRON) -> "GenerationLayout":
+        """Meshes and compiled-on-first-use reshard programs for ``gen`` over ``devices`` (rank order), from the
+        training layout ``rule_set``."""
+        return cls(gen, meshlib.HybridEngine(gen, logical_axes, param_shapes, devices, rule_set))
 
     @property
     def mesh(self) -> jax.sharding.Mesh:
@@ -84,7 +86,7 @@ class GenerationLayout:
     @property
     def activation_rules(self) -> meshlib.Rules:
         """Generation activation rules: the ``batch`` logical axis over the data axes ``dg`` (+ split) and ``dp``."""
-        return meshlib.generation_activation_rules(self.engine.meshes.dg_axes)
+        return self.engine.rule_set.on_generation_mesh(self.engine.meshes.dg_axes).activations
 
     @property
     def train_shardings(self) -> Any:
