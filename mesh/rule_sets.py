@@ -126,15 +126,18 @@ class RuleSet:
 
     def mesh_axes(self) -> frozenset[str]:
         """Every mesh axis name the rules use (the mesh must have them)."""
-        return frozenset(a for _, axes in self.params + self.activations for a in _axis_tuple(axes))
+        return self.param_mesh_axes() | frozenset(a for _, axes in self.activations for a in _axis_tuple(axes))
+
+    def param_mesh_axes(self) -> frozenset[str]:
+        """The mesh axes the params are sharded over (``dp`` among them: ZeRO-3)."""
+        return frozenset(a for _, axes in self.params for a in _axis_tuple(axes))
 
     def for_transition(self, gen: GenParallel | None) -> "RuleSet":
         """The training layout of a train -> ``gen`` transition: the rule set with its ``pp``×``tp`` rules
-        ordered by `one_dim_embed_order` (the declared order is that of ``gen = None``)."""
-        order = one_dim_embed_order(gen)
-        if order == ("pp", "tp"):
+        ordered by `one_dim_embed_order` (``gen = None``: no transition, the rules as declared)."""
+        if gen is None:
             return self
-        return dataclasses.replace(self, params=_oriented(self.params, order, self.name))
+        return dataclasses.replace(self, params=_oriented(self.params, one_dim_embed_order(gen), self.name))
 
     def on_generation_mesh(self, dg_axes: Sequence[str] = ("dg",)) -> "RuleSet":
         """The generation layout on ``('pp_g','tp_g', *dg_axes, 'dp')``: params over ``pp_g``/``tp_g`` only

@@ -37,8 +37,9 @@ BASE = {
 }
 
 
-def make(cls, args, **strategies):
+def make(cls, args, generate=BASE["placement"]["generate"], **strategies):
     config = copy.deepcopy(BASE)
+    config["placement"]["generate"] = generate
     for section, name in strategies.items():
         config[section]["strategy"] = name
     worker = cls._instantiate(WorkerContext("w", "local", 0, 1), (config, *args), {})
@@ -103,6 +104,20 @@ def test_fsdp_actor_generates_and_trains_like_megatron(actors):
     assert per_device_shares(fsdp.state.params) == {8}  # the update keeps the layout
     for x, y in zip(jax.tree.leaves(megatron.state.params), jax.tree.leaves(fsdp.state.params)):
         np.testing.assert_allclose(np.asarray(y), np.asarray(x), atol=1e-4)
+
+
+def test_fsdp_actor_gathers_for_each_rollout_without_placement_generate():
+    """Without ``placement.generate`` an fsdp actor still gets a generation layout (d_g = 1): each rollout gathers
+    the params over dp and frees them after, so the engine never holds a second copy."""
+    plain = make(ActorRolloutRefWorker, ("actor_rollout",), generate={})
+    assert plain.layout is None  # megatron on equal layouts: no reshard, as before
+    fsdp = make(ActorRolloutRefWorker, ("actor_rollout",), generate={}, actor="fsdp")
+    assert fsdp.layout is not None and fsdp.layout.gen.dg == 1 and fsdp.engine.params is None
+    assert dict(fsdp.layout.mesh.shape) == {"pp_g": 1, "tp_g": 4, "dg": 1, "dp": 2}
+    greedy = prompt_batch(4, greedy=True, n=1)
+    np.testing.assert_array_equal(fsdp.generate_sequences(greedy)["responses"],
+                                  plain.generate_sequences(greedy)["responses"])
+    assert fsdp.engine.params is None and per_device_shares(fsdp.state.params) == {8}
 
 
 def test_critic_follows_critic_strategy():

@@ -97,8 +97,8 @@ class ActorRolloutRefWorker(Worker):
         self.config, self.worker_role = config, role
         self.has_actor, self.has_ref = role != "ref", role in ("actor_rollout_ref", "ref")
         self.train = train_parallel(get(config, "placement", {}))
-        self.gen = generation_parallel(get(config, "placement", {}), self.train)  # None: generate on the train mesh
         self.rule_set = train_rule_set(config, "actor", self.train)  # the ref follows the actor
+        self.gen = generation_parallel(get(config, "placement", {}), self.train, rule_set=self.rule_set)
         offload = get(config, "actor.offload_optimizer", False)
         if not isinstance(offload, bool):
             raise WorkerConfigError(f"actor.offload_optimizer={offload!r}: must be true or false")

@@ -29,12 +29,14 @@ def _divisors(n: int) -> list[int]:
     return [k for k in range(1, n + 1) if n % k == 0]
 
 
-def generation_parallel(placement: Mapping[str, Any], train: meshlib.TrainParallel,
-                        where: str = "placement") -> meshlib.GenParallel | None:
+def generation_parallel(placement: Mapping[str, Any], train: meshlib.TrainParallel, where: str = "placement",
+                        rule_set: meshlib.RuleSet = meshlib.MEGATRON) -> meshlib.GenParallel | None:
     """``placement.generate.{pp,tp}`` as a `mesh.GenParallel` over ``train``, or ``None`` when equal to the
-    training pp/tp (no reshard). Each generation size must divide the training size (the paper's grouping
-    takes generation groups at the integral strides ``p/p_g``, ``t/t_g``); errors name the key and list
-    the valid values."""
+    training pp/tp and the training ``rule_set`` keeps the params whole over ``dp`` (no reshard). A rule set
+    sharding them over ``dp`` (``fsdp``) always gets a layout (``d_g = 1`` when equal): each rollout gathers the
+    params over ``dp`` and frees them after, instead of the engine holding a second, gathered copy. Each
+    generation size must divide the training size (the paper's grouping takes generation groups at the
+    integral strides ``p/p_g``, ``t/t_g``); errors name the key and list the valid values."""
     generate = get(placement, "generate", {}) or {}
     unknown = sorted(set(generate) - {"pp", "tp"})
     if unknown:
@@ -50,7 +52,7 @@ def generation_parallel(placement: Mapping[str, Any], train: meshlib.TrainParall
                 f"{where}.generate.{name}={value!r}: must divide {where}.train.{name}={train_size} "
                 f"(3D-HybridEngine, HybridFlow §2.5); valid: {valid}")
         sizes[name] = int(value)
-    if (sizes["pp"], sizes["tp"]) == (train.pp, train.tp):
+    if (sizes["pp"], sizes["tp"]) == (train.pp, train.tp) and "dp" not in rule_set.param_mesh_axes():
         return None
     return meshlib.GenParallel(train, sizes["pp"], sizes["tp"])
 

@@ -59,7 +59,8 @@ def accumulate_gradients(loss_fn: LossFn, params: Any, micro_batches: Mapping[st
     """``(Σ loss shares, Σ grads, aux)`` over the leading micro-batch axis of ``micro_batches``; ``aux``
     entries named in ``summed_aux`` are summed, the others averaged over the micro-batches. ``grad_shardings``
     (the params' shardings) pins each micro-batch's gradients and their sum to the param layout, so under a
-    layout sharded over ``dp`` (``fsdp``) the gradients are reduced straight to their shards (reduce-scatter)."""
+    layout sharded over ``dp`` (``fsdp``) the gradients are reduced straight into their shards (a reduce-scatter
+    where the backend forms one; XLA's CPU backend emits an all-reduce and keeps only the shard)."""
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
     first = jax.tree.map(lambda x: x[0], micro_batches)
     aux_shape = jax.eval_shape(lambda: loss_fn(params, first, denominators)[1])
