@@ -46,6 +46,9 @@ class NamedRules(tuple):
         self.name = name
         return self
 
+    def __reduce__(self) -> tuple:
+        return (NamedRules, (tuple(self), self.name))
+
 
 def _normalized(axes: MeshAxes) -> MeshAxes:
     """``None``, one axis name, or a tuple of at least two names (one-name tuples become the name)."""

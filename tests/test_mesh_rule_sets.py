@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import functools
+import pickle
 
 import flax.linen as nn
 import jax
@@ -310,6 +311,8 @@ def test_registry_and_divisibility_errors_name_the_rule_set():
     with pytest.raises(ValueError, match="sharding rule set 'megatron' is already registered"):
         register_rule_set(RuleSet("megatron", FSDP.params, FSDP.activations, "a typo must not replace megatron"))
     assert get_rule_set("megatron") is MEGATRON
+    copied = pickle.loads(pickle.dumps(FSDP_TP))  # rule sets travel to worker processes with their names
+    assert copied == FSDP_TP and copied.params.name == FSDP_TP.params.name == "'fsdp_tp' params"
 
     class FakeMesh:  # only .shape is read by logical_to_specs
         shape = {"pp": 1, "tp": 1, "dp": 8}
