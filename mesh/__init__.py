@@ -3,18 +3,21 @@
 Modules, one concern each:
   topology           p-t-d / p_g-t_g layouts, rank <-> group arithmetic (HybridFlow §2.5.1, §2.5.3)
   device_mesh        jax Meshes for the training and generation layouts over the same devices
-  rules              logical-axis rules -> PartitionSpec / NamedSharding trees
+  rule_sets          named logical-axis rule sets as data (megatron, fsdp, fsdp_tp, sp), their registry
+  rules              the one resolver: logical-axis rules -> PartitionSpec / NamedSharding trees
   synthetic          Llama-like synthetic param trees + logical axes (tests, benchmark)
   hybrid_engine      to_generation / to_training, and the HybridFlow-V and DS-Chat baselines
   hlo_collectives    collectives + per-device bytes parsed from compiled HLO text
   transition_report  compiled-program traffic / peak memory, and timing of a transition
 """
 
-from jaxrl_hf.mesh.device_mesh import (HybridMeshes, build_hybrid_meshes, build_train_mesh, build_vanilla_generation_mesh,
-                              flat_device_ids, ordered_devices)
+from jaxrl_hf.mesh.device_mesh import (TRAIN_AXES, HybridMeshes, build_hybrid_meshes, build_train_mesh,
+                              build_vanilla_generation_mesh, flat_device_ids, ordered_devices)
 from jaxrl_hf.mesh.hlo_collectives import Collective, CollectiveSummary, parse_collectives, summarize
 from jaxrl_hf.mesh.hybrid_engine import (METHODS, DeepSpeedChatTransition, HybridEngine, VanillaTransition, delete_tree,
                                 make_transition, shard_bytes_per_device)
+from jaxrl_hf.mesh.rule_sets import (MEGATRON, RULE_SETS, RuleSet, get_rule_set, register_rule_set,
+                                     rule_set_for_strategy)
 from jaxrl_hf.mesh.rules import (Rules, generation_activation_rules, generation_param_rules, logical_to_shardings,
                         logical_to_spec, logical_to_specs, optimizer_state_shardings, train_activation_rules,
                         train_param_rules)
@@ -26,10 +29,11 @@ from jaxrl_hf.mesh.transition_report import (TransitionAnalysis, analyze_transit
                                     time_transition, tree_bytes_per_device)
 
 __all__ = [
-    "HybridMeshes", "build_hybrid_meshes", "build_train_mesh", "build_vanilla_generation_mesh", "flat_device_ids",
-    "ordered_devices", "Collective", "CollectiveSummary", "parse_collectives", "summarize", "METHODS",
-    "DeepSpeedChatTransition", "HybridEngine", "VanillaTransition", "delete_tree", "make_transition",
-    "shard_bytes_per_device", "Rules", "generation_activation_rules", "generation_param_rules",
+    "TRAIN_AXES", "HybridMeshes", "build_hybrid_meshes", "build_train_mesh", "build_vanilla_generation_mesh",
+    "flat_device_ids", "ordered_devices", "Collective", "CollectiveSummary", "parse_collectives", "summarize",
+    "METHODS", "DeepSpeedChatTransition", "HybridEngine", "VanillaTransition", "delete_tree", "make_transition",
+    "shard_bytes_per_device", "MEGATRON", "RULE_SETS", "RuleSet", "get_rule_set", "register_rule_set",
+    "rule_set_for_strategy", "Rules", "generation_activation_rules", "generation_param_rules",
     "logical_to_shardings", "logical_to_spec", "logical_to_specs", "optimizer_state_shardings",
     "train_activation_rules", "train_param_rules", "LLAMA_SHAPES", "LlamaShape", "init_params",
     "llama_logical_axes", "llama_param_shapes", "llama_shape", "param_bytes", "param_count", "GenParallel",

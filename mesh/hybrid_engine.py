@@ -9,9 +9,13 @@
 * `VanillaTransition` (HybridFlow-V): the training grouping reused for generation. All-gather
   inside each training PP×TP group (``(p·t-1)/(p·t)·M``), then each device keeps its generation
   shard and, since that need not contain its training shard, also keeps the training shard.
-* `DeepSpeedChatTransition` (DS-Chat): ZeRO-3 training layout (params split over all ``N``
-  devices); all-gather over all devices (``(N-1)/N·M``), slice the generation shard, keep the
-  ZeRO shard.
+* `DeepSpeedChatTransition` (DS-Chat): ZeRO-3 training layout (the ``fsdp_tp`` rule set: params split
+  over all ``N`` devices); all-gather over all devices (``(N-1)/N·M``), slice the generation shard, keep
+  the ZeRO shard.
+
+Every layout comes from a named rule set (`jaxrl_hf.mesh.rule_sets`): the training layout is the rule
+set oriented for the transition (`RuleSet.for_transition`), the generation layout its
+`RuleSet.on_generation_mesh` derivation; one resolver (`jaxrl_hf.mesh.rules`) turns both into shardings.
 
 The baselines gather the whole tree before partitioning, as the paper describes them (peak ``M``);
 they run as two programs (gather, then a local slice) so XLA cannot fuse the gather and the slice
@@ -29,7 +33,8 @@ import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxrl_hf.mesh.device_mesh import HybridMeshes, build_hybrid_meshes, build_vanilla_generation_mesh
-from jaxrl_hf.mesh.rules import generation_param_rules, logical_to_shardings, train_param_rules
+from jaxrl_hf.mesh.rule_sets import MEGATRON, RuleSet, get_rule_set
+from jaxrl_hf.mesh.rules import logical_to_shardings
 from jaxrl_hf.mesh.topology import GenParallel
 
 METHODS = ("hybridflow", "hybridflow_v", "ds_chat")
@@ -111,20 +116,23 @@ class HybridEngine:
 
     ``logical_axes``: tree of logical-axis tuples matching the params; ``param_shapes``: tree of
     arrays / `jax.ShapeDtypeStruct` (shapes and dtypes only). ``devices`` in rank order (default:
-    all devices by process then id).
+    all devices by process then id). ``rule_set`` (a `RuleSet` or its registered name) is the training
+    layout; the containment above (and so the traffic formula) is that of ``megatron``. From a layout
+    sharded over ``dp`` too (``fsdp_tp``) the reshard also gathers over ``dp`` (values are still exact).
     """
 
     method = "hybridflow"
 
     def __init__(self, gen: GenParallel, logical_axes: Any, param_shapes: Any,
-                 devices: Sequence[jax.Device] | None = None):
+                 devices: Sequence[jax.Device] | None = None, rule_set: RuleSet | str = MEGATRON):
         self.config = gen
+        self.rule_set = (get_rule_set(rule_set) if isinstance(rule_set, str) else rule_set).for_transition(gen)
         self.meshes: HybridMeshes = build_hybrid_meshes(gen, devices)
-        self.train_shardings = logical_to_shardings(logical_axes, self.meshes.train, train_param_rules(gen),
+        self.train_shardings = logical_to_shardings(logical_axes, self.meshes.train, self.rule_set.params,
                                                     shapes=param_shapes)
         # Params are replicated over dg (and dp), so a split dg never appears in their specs.
         self.gen_shardings = logical_to_shardings(logical_axes, self.meshes.generation,
-                                                  generation_param_rules(gen), shapes=param_shapes)
+                                                  self.rule_set.on_generation_mesh().params, shapes=param_shapes)
         self._to_generation = _jit_reshard(self.train_shardings, self.gen_shardings, donate=True)
         self._to_training = _jit_reshard(self.gen_shardings, self.train_shardings, donate=True)
 
@@ -173,7 +181,8 @@ class _GatherThenSlice:
         self.train_shardings = train_shardings
         self.full_shardings = _replicated(train_shardings, self.train_mesh)
         self.gen_shardings = logical_to_shardings(logical_axes, self.generation_mesh,
-                                                  generation_param_rules(gen), shapes=param_shapes)
+                                                  MEGATRON.for_transition(gen).on_generation_mesh().params,
+                                                  shapes=param_shapes)
         self._gather = _jit_reshard(self.train_shardings, self.full_shardings, donate=False)
         self._slice = _jit_reshard(self.full_shardings, self.gen_shardings, donate=True)
 
@@ -199,7 +208,8 @@ class VanillaTransition(_GatherThenSlice):
     def __init__(self, gen: GenParallel, logical_axes: Any, param_shapes: Any,
                  devices: Sequence[jax.Device] | None = None):
         meshes = build_hybrid_meshes(gen, devices)
-        train = logical_to_shardings(logical_axes, meshes.train, train_param_rules(gen), shapes=param_shapes)
+        train = logical_to_shardings(logical_axes, meshes.train, MEGATRON.for_transition(gen).params,
+                                     shapes=param_shapes)
         super().__init__(gen, train, logical_axes, param_shapes, devices)
 
 
@@ -211,8 +221,8 @@ class DeepSpeedChatTransition(_GatherThenSlice):
     def __init__(self, gen: GenParallel, logical_axes: Any, param_shapes: Any,
                  devices: Sequence[jax.Device] | None = None):
         meshes = build_hybrid_meshes(gen, devices)
-        train = logical_to_shardings(logical_axes, meshes.train, train_param_rules(gen), shapes=param_shapes,
-                                     extra_axis="dp")
+        zero3 = get_rule_set("fsdp_tp").for_transition(gen)
+        train = logical_to_shardings(logical_axes, meshes.train, zero3.params, shapes=param_shapes)
         super().__init__(gen, train, logical_axes, param_shapes, devices)
 
 

@@ -1,21 +1,22 @@
-"""Logical-axis sharding rules -> `PartitionSpec` / `NamedSharding` trees.
+"""The one resolver: logical-axis rules -> `PartitionSpec` / `NamedSharding` trees.
 
-A *rule set* is a tuple of ``(logical_name, mesh_axes)`` pairs, ``mesh_axes`` a mesh axis name, a
-tuple of names (sharded over their product, first name major) or ``None`` (replicated). A *logical
-tree* has the structure of the parameters, each leaf a tuple (or `PartitionSpec`) naming one
-logical axis per array dimension (``None`` for unnamed dims).
+A *rule set* (`jaxrl_hf.mesh.rule_sets`) holds tuples of ``(logical_name, mesh_axes)`` pairs, ``mesh_axes``
+a mesh axis name, a tuple of names (sharded over their product, first name major) or ``None``
+(replicated). A *logical tree* has the structure of the parameters, each leaf a tuple (or
+`PartitionSpec`) naming one logical axis per array dimension (``None`` for unnamed dims). Parameters
+(training, generation, the rollout engine, the 3D-HybridEngine) and activation constraints are all
+resolved here.
 
 Resolution (`logical_to_spec`) is by rule priority: rules are tried in order; a rule applies to a
 not-yet-assigned dimension with that logical name when none of its mesh axes is already used by the
 array and, if the shape is known, the dimension divides evenly. A dimension some rule names but no
-rule could shard (only because of divisibility) is an error naming the parameter, never a silent
-replication. Priority order lets one name fall back: ``embed`` goes to ``pp`` on an embedding table
-(``vocab`` took ``tp``) and to ``tp`` on a stacked norm scale (``layers`` took ``pp``), so every
-parameter of a Llama is split over all ``p·t`` model-parallel devices (which makes HybridFlow's
-transition volume exactly ``(d_g-1)/(p·t)·M``).
+rule could shard (only because of divisibility) is an error naming the rule set, the parameter, the
+logical axis, the mesh axes and the dimension, never a silent replication. Priority order lets one name
+fall back: ``embed`` goes to ``pp`` on an embedding table (``vocab`` took ``tp``) and to ``tp`` on a
+stacked norm scale (``layers`` took ``pp``), so every parameter of a Llama is split over all ``p·t``
+model-parallel devices (which makes HybridFlow's transition volume exactly ``(d_g-1)/(p·t)·M``).
 
-Activation rules (`train_activation_rules`, `generation_activation_rules`) use only single-choice
-names, so they also work with ``flax.linen.logical_to_mesh_axes``.
+Activation rules use only single-choice names, so they also work with ``flax.linen.logical_to_mesh_axes``.
 """
 
 from __future__ import annotations
@@ -26,10 +27,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from jaxrl_hf.mesh.rule_sets import MEGATRON, MeshAxes, Rules
 from jaxrl_hf.mesh.topology import GenParallel
-
-MeshAxes = str | tuple[str, ...] | None
-Rules = tuple[tuple[str, MeshAxes], ...]
 
 PARAM_AXIS_NAMES = ("vocab", "embed", "mlp", "heads", "kv_heads", "head_dim", "layers")
 ACTIVATION_AXIS_NAMES = ("batch", "length")
@@ -50,17 +49,19 @@ def _path_str(path: Sequence[Any]) -> str:
     return "/".join(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path) or "<root>"
 
 
-def logical_to_spec(logical: Sequence[str | None], rules: Rules, *, shape: Sequence[int] | None = None,
-                    axis_sizes: Mapping[str, int] | None = None, extra_axis: str | None = None,
-                    name: str = "<array>") -> PartitionSpec:
-    """One array's `PartitionSpec` from its logical axis names under ``rules`` (priority order).
+def _rules_name(rules: Rules) -> str:
+    name = getattr(rules, "name", None)
+    return f"rule set {name}: " if name else ""
 
-    ``extra_axis`` (FSDP/ZeRO-3 style, e.g. ``'dp'``) is then added as the minor-most mesh axis of
-    the dimension with the largest per-device extent that it divides evenly.
-    """
+
+def logical_to_spec(logical: Sequence[str | None], rules: Rules, *, shape: Sequence[int] | None = None,
+                    axis_sizes: Mapping[str, int] | None = None, name: str = "<array>") -> PartitionSpec:
+    """One array's `PartitionSpec` from its logical axis names under ``rules`` (priority order); with
+    ``shape`` and ``axis_sizes`` (the mesh's) a rule applies only where the dimension divides evenly."""
     logical = tuple(logical)
+    where = f"{_rules_name(rules)}{name}"
     if shape is not None and len(shape) != len(logical):
-        raise ValueError(f"{name}: logical axes {logical} have {len(logical)} entries but the array has "
+        raise ValueError(f"{where}: logical axes {logical} have {len(logical)} entries but the array has "
                          f"shape {tuple(shape)}")
     known = {rule_name for rule_name, _ in rules}
     assigned: list[tuple[str, ...] | None] = [None] * len(logical)
@@ -79,7 +80,7 @@ def logical_to_spec(logical: Sequence[str | None], rules: Rules, *, shape: Seque
             if shape is not None and axis_sizes is not None:
                 missing = [a for a in axes if a not in axis_sizes]
                 if missing:
-                    raise ValueError(f"{name}: rule ({rule_name!r}, {rule_axes!r}) names mesh axes {missing} "
+                    raise ValueError(f"{where}: rule ({rule_name!r}, {rule_axes!r}) names mesh axes {missing} "
                                      f"not in the mesh (axes: {sorted(axis_sizes)})")
                 size = int(np.prod([axis_sizes[a] for a in axes]))
                 if shape[dim] % size:
@@ -89,95 +90,59 @@ def logical_to_spec(logical: Sequence[str | None], rules: Rules, *, shape: Seque
             used.update(axes)
     for dim, reasons in skipped.items():
         if assigned[dim] is None:
-            raise ValueError(f"{name}: dimension {dim} (logical {logical[dim]!r}, size {shape[dim]}) is not "
+            raise ValueError(f"{where}: dimension {dim} (logical {logical[dim]!r}, size {shape[dim]}) is not "
                              f"divisible by any mesh axes a rule allows: {', '.join(reasons)}")
     unknown = [n for n in logical if n is not None and n not in known]
     if unknown:
-        raise ValueError(f"{name}: logical axis names {unknown} have no rule (rules cover {sorted(known)})")
-    if extra_axis is not None and extra_axis not in used:
-        if shape is None or axis_sizes is None:
-            raise ValueError(f"{name}: extra_axis={extra_axis!r} needs the array shape and mesh axis sizes")
-        extra = axis_sizes[extra_axis]
-        local = [shape[d] // int(np.prod([axis_sizes[a] for a in (assigned[d] or ())])) for d in range(len(shape))]
-        fits = [d for d in range(len(shape)) if local[d] % extra == 0]
-        if extra > 1 and not fits:
-            raise ValueError(f"{name}: no dimension of shape {tuple(shape)} (per-device {tuple(local)}) is "
-                             f"divisible by {extra_axis!r} of size {extra} for FSDP sharding")
-        if fits:
-            best = max(fits, key=lambda d: local[d])
-            assigned[best] = (assigned[best] or ()) + (extra_axis,)
+        raise ValueError(f"{where}: logical axis names {unknown} have no rule (rules cover {sorted(known)})")
     entries = [None if not a else (a[0] if len(a) == 1 else a) for a in assigned]
     return PartitionSpec(*entries)
 
 
-def logical_to_specs(logical_tree: Any, rules: Rules, *, shapes: Any = None, mesh: Mesh | None = None,
-                     extra_axis: str | None = None) -> Any:
+def logical_to_specs(logical_tree: Any, rules: Rules, *, shapes: Any = None, mesh: Mesh | None = None) -> Any:
     """Tree of `PartitionSpec` for a logical tree; ``shapes`` (arrays / ShapeDtypeStructs, same
     structure) and ``mesh`` enable the divisibility checks."""
     sizes = dict(mesh.shape) if mesh is not None else None
 
     def one(path, logical, shaped=None):
         shape = None if shaped is None else tuple(shaped.shape)
-        return logical_to_spec(logical, rules, shape=shape, axis_sizes=sizes, extra_axis=extra_axis,
-                               name=_path_str(path))
+        return logical_to_spec(logical, rules, shape=shape, axis_sizes=sizes, name=_path_str(path))
 
     if shapes is None:
         return jax.tree_util.tree_map_with_path(one, logical_tree, is_leaf=is_logical_leaf)
     return jax.tree_util.tree_map_with_path(one, logical_tree, shapes, is_leaf=is_logical_leaf)
 
 
-def logical_to_shardings(logical_tree: Any, mesh: Mesh, rules: Rules, *, shapes: Any = None,
-                         extra_axis: str | None = None) -> Any:
+def logical_to_shardings(logical_tree: Any, mesh: Mesh, rules: Rules, *, shapes: Any = None) -> Any:
     """Tree of `NamedSharding` on ``mesh`` for a logical tree (see `logical_to_specs`)."""
-    specs = logical_to_specs(logical_tree, rules, shapes=shapes, mesh=mesh, extra_axis=extra_axis)
+    specs = logical_to_specs(logical_tree, rules, shapes=shapes, mesh=mesh)
     return jax.tree.map(lambda s: NamedSharding(mesh, s), specs, is_leaf=lambda x: isinstance(x, PartitionSpec))
 
 
 # ----------------------------------------------------------------------------------------------
-# Default rule sets for the 3D-HybridEngine.
-
-def _one_dim_embed_order(gen: GenParallel | None) -> tuple[str, str] | None:
-    """Order ('pp','tp') or ('tp','pp') for 1-D ``embed`` params so the generation block contains the
-    training block: pp-major works iff ``p/p_g = 1`` or ``t_g = 1``; tp-major iff ``t/t_g = 1`` or
-    ``p_g = 1``; otherwise (needs p, t >= 4) there is none and 1-D params shard over pp only."""
-    if gen is None or gen.pp_stride == 1 or gen.tp == 1:
-        return ("pp", "tp")
-    if gen.tp_stride == 1 or gen.pp == 1:
-        return ("tp", "pp")
-    return None
-
-
-def _param_rules(pp: str, tp: str, order: tuple[str, str] | None) -> Rules:
-    names = {"pp": pp, "tp": tp}
-    one_dim: Rules = (("embed", tuple(names[o] for o in order)),) if order else ()
-    return ((("layers", pp), ("vocab", tp), ("heads", tp), ("kv_heads", tp), ("mlp", tp))
-            + one_dim + (("embed", pp), ("embed", tp), ("head_dim", None)))
-
+# The default (megatron) rule set's rules, by layout.
 
 def train_param_rules(gen: GenParallel | None = None) -> Rules:
-    """Training-layout param rules: ``layers`` over ``pp``, tensor dims over ``tp`` (Megatron style),
-    ``embed`` filling whichever of ``pp``/``tp`` is still free; replicated over ``dp`` (pass
-    ``extra_axis='dp'`` to the resolvers for FSDP). ``gen`` picks the 1-D ordering that keeps the
-    generation shard a superset of the training shard for that transition."""
-    return _param_rules("pp", "tp", _one_dim_embed_order(gen))
+    """``megatron`` training-layout param rules (`jaxrl_hf.mesh.rule_sets`) for the train -> ``gen``
+    transition (``gen`` picks the order of the 1-D ``embed`` rule that keeps the generation shard a
+    superset of the training shard)."""
+    return MEGATRON.for_transition(gen).params
 
 
 def generation_param_rules(gen: GenParallel | None = None) -> Rules:
-    """Generation-layout param rules: the training rules with ``pp_g``/``tp_g``; replicated over
-    ``dg`` and ``dp``."""
-    return _param_rules("pp_g", "tp_g", _one_dim_embed_order(gen))
+    """``megatron`` generation-layout param rules: over ``pp_g``/``tp_g``, replicated over ``dg`` and ``dp``."""
+    return MEGATRON.for_transition(gen).on_generation_mesh().params
 
 
 def train_activation_rules() -> Rules:
-    """Activations in training: batch over ``dp``; heads/mlp/vocab over ``tp`` (flax-compatible)."""
-    return (("batch", "dp"), ("length", None), ("embed", None), ("heads", "tp"), ("kv_heads", "tp"),
-            ("head_dim", None), ("mlp", "tp"), ("vocab", "tp"), ("layers", None))
+    """``megatron`` activations in training: batch over ``dp``; heads/mlp/vocab over ``tp``."""
+    return MEGATRON.activations
 
 
 def generation_activation_rules(dg_axes: tuple[str, ...] = ("dg",)) -> Rules:
-    """Activations in generation: batch over micro-DP and DP (``dg_axes + ('dp',)``), heads over ``tp_g``."""
-    return (("batch", tuple(dg_axes) + ("dp",)), ("length", None), ("embed", None), ("heads", "tp_g"),
-            ("kv_heads", "tp_g"), ("head_dim", None), ("mlp", "tp_g"), ("vocab", "tp_g"), ("layers", None))
+    """``megatron`` activations in generation: batch over micro-DP and DP (``dg_axes + ('dp',)``), heads over
+    ``tp_g``."""
+    return MEGATRON.on_generation_mesh(dg_axes).activations
 
 
 def optimizer_state_shardings(opt_state: Any, params: Any, param_shardings: Any, mesh: Mesh) -> Any:

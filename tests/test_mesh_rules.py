@@ -11,6 +11,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxrl_hf.mesh.device_mesh import build_hybrid_meshes
+from jaxrl_hf.mesh.rule_sets import get_rule_set
 from jaxrl_hf.mesh.hybrid_engine import shard_bytes_per_device
 from jaxrl_hf.mesh.rules import (generation_activation_rules, generation_param_rules, logical_to_shardings,
                         logical_to_spec, logical_to_specs, optimizer_state_shardings, train_activation_rules,
@@ -52,7 +53,7 @@ def test_every_param_split_over_all_model_parallel_devices(gen):
     M = param_bytes(shapes)
     train = logical_to_shardings(axes, meshes.train, train_param_rules(gen), shapes=shapes)
     gens = logical_to_shardings(axes, meshes.generation, generation_param_rules(gen), shapes=shapes)
-    fsdp = logical_to_shardings(axes, meshes.train, train_param_rules(gen), shapes=shapes, extra_axis="dp")
+    fsdp = logical_to_shardings(axes, meshes.train, get_rule_set("fsdp_tp").for_transition(gen).params, shapes=shapes)
     assert shard_bytes_per_device(train, shapes) * gen.train.model_parallel == M
     assert shard_bytes_per_device(gens, shapes) * gen.pp * gen.tp == M
     assert shard_bytes_per_device(fsdp, shapes) * gen.train.num_devices == M

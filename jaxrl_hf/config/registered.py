@@ -20,6 +20,8 @@ REGISTERED_KEYS: dict[str, str] = {
     "algorithm.kl_penalty": "jaxrl_hf.algos.kl:KL_ESTIMATORS",
     "actor.kl_loss_type": "jaxrl_hf.algos.kl:KL_ESTIMATORS",
     "rollout.loop": "jaxrl_hf.rollout.loops:ROLLOUT_LOOPS",
+    "actor.strategy": "jaxrl_hf.mesh.rule_sets:RULE_SETS",
+    "critic.strategy": "jaxrl_hf.mesh.rule_sets:RULE_SETS",
 }
 
 

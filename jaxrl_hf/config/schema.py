@@ -170,6 +170,10 @@ class ActorConfig:
     the next update or a checkpoint save/load; results are bit-identical (``jaxrl_hf.workers.offload``)."""
     optim: OptimConfig = field(default_factory=OptimConfig)
     rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
+    strategy: str = "megatron"
+    """Sharding rule set of the actor's (and the reference's) params, grads and optimizer state, by name in
+    ``jaxrl_hf.mesh.RULE_SETS``: ``megatron`` (tp/pp, replicated over dp), ``fsdp`` / ``fsdp2`` (verl's
+    spellings: ZeRO-3 over dp; ``fsdp_tp`` when ``placement.train.tp > 1``), ``fsdp_tp``."""
 
 
 @dataclass
@@ -260,6 +264,8 @@ class CriticConfig:
     )
     grad_clip: float = 1.0
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
+    strategy: str = "megatron"
+    """Sharding rule set of the critic (as ``actor.strategy``)."""
 
 
 # ------------------------------------------------------------------------------------------- rewards

@@ -6,13 +6,14 @@ wrapper, no flax metadata boxes), so optax / orbax / jax.tree functions see plai
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-from jax.sharding import PartitionSpec
 
+from jaxrl_hf.mesh.rules import logical_to_shardings
 from jaxrl_hf.models.config import DecoderConfig
 from jaxrl_hf.models.llama import CausalLM, default_positions
 from jaxrl_hf.models.logprobs import log_probs_and_entropy_from_hidden
@@ -53,18 +54,21 @@ def param_logical_axes(config: DecoderConfig) -> Any:
     """Tree matching ``init_params(config)`` whose leaves are ``PartitionSpec``s of logical axis names.
 
     ``PartitionSpec`` is a tuple subclass and a pytree leaf; map it to mesh axes with
-    ``flax.linen.logical_to_mesh_sharding(tree, mesh, rules)``.
+    ``jaxrl_hf.mesh.logical_to_shardings(tree, mesh, rules)``.
     """
     boxed = jax.eval_shape(lambda: _init_boxed(config, jax.random.key(0)))
     return nn.get_partition_spec(boxed)
 
 
 def param_shardings(config: DecoderConfig, mesh: jax.sharding.Mesh, rules: Any) -> Any:
-    """``NamedSharding`` tree for the params under logical-to-mesh ``rules``."""
-    specs = param_logical_axes(config)
-    return jax.tree.map(
-        lambda spec: jax.sharding.NamedSharding(mesh, nn.logical_to_mesh_axes(tuple(spec), rules)),
-        specs, is_leaf=lambda x: isinstance(x, PartitionSpec))
+    """``NamedSharding`` tree for the params under logical-to-mesh ``rules`` (the mesh/ resolver, divisibility
+    checked against the param shapes)."""
+    return logical_to_shardings(param_logical_axes(config), mesh, rules, shapes=_param_shapes(config))
+
+
+@functools.lru_cache(maxsize=16)
+def _param_shapes(config: DecoderConfig) -> Any:
+    return jax.eval_shape(lambda: nn.unbox(_init_boxed(config, jax.random.key(0))))
 
 
 def _positions(attention_mask: jnp.ndarray | None, input_ids: jnp.ndarray,

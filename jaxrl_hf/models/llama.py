@@ -38,6 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrl_hf.mesh.rules import logical_to_spec
 from jaxrl_hf.models.config import DecoderConfig
 from jaxrl_hf.models.rope import apply_rope, rope_frequencies
 
@@ -53,12 +54,13 @@ def _dtype(name: str) -> Any:
 def constrain(x: Array, names: Sequence[str | None], mesh: Any = None, rules: Any = None) -> Array:
     """Sharding constraint by logical names.
 
-    With an explicit ``mesh`` and ``rules`` the constraint is always applied; otherwise flax's
+    With an explicit ``mesh`` and ``rules`` the constraint is always applied (names resolved by the mesh/
+    resolver, `jaxrl_hf.mesh.rules.logical_to_spec`); otherwise flax's
     global context (``with mesh: with nn.logical_axis_rules(rules):``) decides, and it is a no-op
     when no rules are set.
     """
     if mesh is not None and rules is not None:
-        spec = nn.logical_to_mesh_axes(tuple(names), rules)
+        spec = logical_to_spec(tuple(names), rules)
         return jax.lax.with_sharding_constraint(x, jax.sharding.NamedSharding(mesh, spec))
     return nn.with_logical_constraint(x, tuple(names))
 

@@ -20,11 +20,11 @@ from __future__ import annotations
 from functools import partial
 from typing import Any, Sequence
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrl_hf.mesh.rules import logical_to_spec
 from jaxrl_hf.models.config import DecoderConfig
 from jaxrl_hf.models.forward import make_module, param_shardings
 from jaxrl_hf.models.llama import (KV_CACHE_LOGICAL_AXES, CausalLM, default_positions, init_kv_cache,
@@ -48,7 +48,7 @@ def _generate_program(params: Any, prompt_ids: jnp.ndarray, prompt_mask: jnp.nda
     def constrain(x: jnp.ndarray, names: tuple) -> jnp.ndarray:
         if mesh is None or rules is None:
             return x
-        spec = nn.logical_to_mesh_axes(names, rules)
+        spec = logical_to_spec(names, rules)
         return jax.lax.with_sharding_constraint(x, jax.sharding.NamedSharding(mesh, spec))
 
     cache = init_kv_cache(config, batch, prompt_len + max_new, cache_dtype)
@@ -127,7 +127,7 @@ class JaxGenerationEngine:
         self._module = make_module(config, mesh, self.rules)
         self._batch_multiple = 1
         if mesh is not None:
-            axes = nn.logical_to_mesh_axes(("batch",), self.rules)[0]
+            axes = logical_to_spec(("batch",), self.rules)[0]
             names = (axes,) if isinstance(axes, str) else tuple(axes or ())
             self._batch_multiple = int(np.prod([mesh.shape[a] for a in names])) if names else 1
         def program(*args: Any, **kwargs: Any) -> tuple:  # a per-engine function: a per-engine jit cache
@@ -164,7 +164,7 @@ class JaxGenerationEngine:
     def _place_batch(self, x: np.ndarray) -> jax.Array:
         if self.mesh is None:
             return jnp.asarray(x)
-        spec = nn.logical_to_mesh_axes(("batch",) + (None,) * (x.ndim - 1), self.rules)
+        spec = logical_to_spec(("batch",) + (None,) * (x.ndim - 1), self.rules)
         return jax.device_put(x, jax.sharding.NamedSharding(self.mesh, spec))
 
     def _left_pad(self, prompts: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
@@ -263,6 +263,6 @@ class JaxGenerationEngine:
 
     def _place_local(self, x: np.ndarray, global_rows: int) -> jax.Array:
         """This process's rows of a batch-sharded global array of ``global_rows`` rows."""
-        spec = nn.logical_to_mesh_axes(("batch",) + (None,) * (x.ndim - 1), self.rules)
+        spec = logical_to_spec(("batch",) + (None,) * (x.ndim - 1), self.rules)
         sharding = jax.sharding.NamedSharding(self.mesh, spec)
         return jax.make_array_from_process_local_data(sharding, x, (global_rows,) + x.shape[1:])

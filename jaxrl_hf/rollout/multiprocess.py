@@ -31,15 +31,15 @@ from typing import Any, Mapping, Sequence
 import jax
 import numpy as np
 
+from jaxrl_hf.mesh.rules import logical_to_spec
+
 Slabs = Mapping[int, tuple[int, ...]]  # process index -> sorted batch-slab indices its devices hold
 
 
 def process_batch_slabs(mesh: jax.sharding.Mesh, rules: Any) -> dict[int, tuple[int, ...]]:
     """For every process of ``mesh``, the sorted indices of the batch shards (slabs) its devices hold, the
     ``batch`` logical axis placed by ``rules`` (every process holds slab 0 when the batch is replicated)."""
-    import flax.linen as nn
-
-    spec = nn.logical_to_mesh_axes(("batch",), rules)
+    spec = logical_to_spec(("batch",), rules)
     names = (spec[0],) if isinstance(spec[0], str) else tuple(spec[0] or ())
     num_slabs = int(np.prod([mesh.shape[a] for a in names])) if names else 1
     sharding = jax.sharding.NamedSharding(mesh, spec)

@@ -48,7 +48,8 @@ from jaxrl_hf.rollout import ENGINE_NAMES, JaxGenerationEngine, RolloutEngine, S
 from jaxrl_hf.rollout.loops import RolloutRequest, make_rollout_loop
 from jaxrl_hf.workers import checkpoint as ckpt
 from jaxrl_hf.workers.common import (LoadedModel, WorkerConfigError, chunked_apply, copy_tokenizer_files,
-                                     lm_param_shardings, load_model, to_global, train_parallel, worker_run_config)
+                                     lm_param_shardings, load_model, to_global, train_parallel, train_rule_set,
+                                     worker_run_config)
 from jaxrl_hf.workers.generation_layout import GenerationLayout, generation_parallel
 from jaxrl_hf.workers.losses import (ACTOR_SUMMED_METRICS, actor_loss, actor_loss_config, lm_log_prob_fn,
                                      response_denominator)
@@ -82,7 +83,8 @@ class ActorRolloutRefWorker(Worker):
         self.config, self.worker_role = worker_run_config(config), role
         self.has_actor, self.has_ref = role != "ref", role in ("actor_rollout_ref", "ref")
         self.train = train_parallel(self.config.placement)
-        self.gen = generation_parallel(self.config.placement, self.train)  # None: generate on the train mesh
+        self.rule_set = train_rule_set(self.config, "actor", self.train)  # the ref follows the actor
+        self.gen = generation_parallel(self.config.placement, self.train, rule_set=self.rule_set)
         offload = self.config.actor.offload_optimizer
         if not isinstance(offload, bool):
             raise WorkerConfigError(f"actor.offload_optimizer={offload!r}: must be true or false")
@@ -123,16 +125,16 @@ class ActorRolloutRefWorker(Worker):
         engine and (for roles with a reference) the frozen reference copy. Returns a small summary."""
         self.model = load_model(self.config.model)
         config = self.model.config
-        shardings = lm_param_shardings(config, self.model.params, self.mesh, self.gen)
+        shardings = lm_param_shardings(config, self.model.params, self.mesh, self.gen, self.rule_set)
         if self.gen is not None and self.has_actor and self.engine_name == "jax":
             shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), jnp.asarray(x).dtype), self.model.params)
             self.layout = GenerationLayout.build(self.gen, param_logical_axes(config), shapes,
-                                                 meshlib.ordered_devices())
+                                                 meshlib.ordered_devices(), self.rule_set)
             self.layout.check_train_shardings(shardings)
             self._check_generation_rows()
         params = jax.device_put(self.model.params, shardings)
         self.model.params = None  # the placed copy is the only one
-        self.log_prob_fn = lm_log_prob_fn(config, self.mesh, meshlib.train_activation_rules())
+        self.log_prob_fn = lm_log_prob_fn(config, self.mesh, self.rule_set.activations)
         if self.has_ref:
             self.ref_params = jax.tree.map(jnp.copy, params) if self.has_actor else params
         if self.has_actor:
@@ -181,7 +183,7 @@ class ActorRolloutRefWorker(Worker):
         With a hybrid layout the native engine is handed the generation-layout params of each rollout as
         they are (see `_generate`); the placed copy made at construction is dropped at once."""
         mesh, rules = ((self.layout.mesh, self.layout.activation_rules) if self.layout is not None
-                       else (self.mesh, meshlib.train_activation_rules()))
+                       else (self.mesh, self.rule_set.activations))
         try:
             engine = make_rollout_engine(self.engine_name, config=self.model.config, params=self.state.params,
                                          pad_token_id=self.model.pad_token_id, eos_token_ids=self.model.eos_token_ids,

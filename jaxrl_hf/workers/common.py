@@ -112,17 +112,38 @@ def train_parallel(placement: PlacementConfig, where: str = "placement") -> mesh
     return meshlib.TrainParallel(pp, tp, dp)
 
 
+def train_rule_set(config: RunConfig, role: str, train: meshlib.TrainParallel) -> meshlib.RuleSet:
+    """The sharding rule set a training role uses: ``<section>.strategy`` (verl's key; ``role`` ``"critic"``
+    reads ``critic.strategy``, every other role — actor, rollout, ref — ``actor.strategy``), looked up in
+    `jaxrl_hf.mesh.RULE_SETS` (``fsdp``/``fsdp2`` become ``fsdp_tp`` when ``placement.train.tp > 1``). The one
+    place the workers read it; a bad name, or a rule set needing mesh axes the training mesh lacks, raises
+    naming the key."""
+    section = "critic" if role == "critic" else "actor"
+    key = f"{section}.strategy"
+    name = getattr(config, section).strategy
+    try:
+        rule_set = meshlib.rule_set_for_strategy(name, train.tp)
+    except ValueError as err:
+        raise WorkerConfigError(f"{key}={name!r}: {err}") from None
+    missing = sorted(rule_set.mesh_axes() - set(meshlib.TRAIN_AXES))
+    if missing:
+        raise WorkerConfigError(f"{key}={name!r}: rule set {rule_set.name!r} shards over mesh axes {missing} that "
+                                f"the training mesh {meshlib.TRAIN_AXES} does not have (declared, not yet wired)")
+    return rule_set
+
+
 def param_shardings(params: Any, logical_axes: Any, train_mesh: jax.sharding.Mesh,
-                    gen: meshlib.GenParallel | None = None) -> Any:
-    """``NamedSharding`` tree for ``params`` on the training mesh (mesh/ train rules, divisibility checked)."""
+                    gen: meshlib.GenParallel | None = None, rule_set: meshlib.RuleSet = meshlib.MEGATRON) -> Any:
+    """``NamedSharding`` tree for ``params`` on the training mesh: ``rule_set``'s param rules ordered for the
+    train -> ``gen`` transition, through the mesh/ resolver (divisibility checked)."""
     shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), jnp.asarray(x).dtype), params)
-    return meshlib.logical_to_shardings(logical_axes, train_mesh, meshlib.train_param_rules(gen), shapes=shapes)
+    return meshlib.logical_to_shardings(logical_axes, train_mesh, rule_set.for_transition(gen).params, shapes=shapes)
 
 
 def lm_param_shardings(config: DecoderConfig, params: Any, train_mesh: jax.sharding.Mesh,
-                       gen: meshlib.GenParallel | None = None) -> Any:
+                       gen: meshlib.GenParallel | None = None, rule_set: meshlib.RuleSet = meshlib.MEGATRON) -> Any:
     """`param_shardings` with the decoder's logical axes."""
-    return param_shardings(params, param_logical_axes(config), train_mesh, gen)
+    return param_shardings(params, param_logical_axes(config), train_mesh, gen, rule_set)
 
 
 def rows_sharding(mesh: jax.sharding.Mesh, ndim: int, micro_axis: bool = False) -> NamedSharding:

@@ -19,7 +19,7 @@ from jaxrl_hf.controller import PAD_ROWS_KEY, Batch, Dispatch, Worker, register
 from jaxrl_hf.models import value_param_logical_axes, value_params_from_lm
 from jaxrl_hf.workers import checkpoint as ckpt
 from jaxrl_hf.workers.common import (LoadedModel, WorkerConfigError, chunked_apply, load_model, param_shardings,
-                                     to_global, train_parallel, worker_run_config)
+                                     to_global, train_parallel, train_rule_set, worker_run_config)
 from jaxrl_hf.workers.losses import (CRITIC_SUMMED_METRICS, critic_loss, critic_loss_config, response_denominator,
                                      value_head_fn)
 from jaxrl_hf.workers.minibatch import MiniBatchPlan, iterate_minibatches, mean_metrics
@@ -44,6 +44,7 @@ class CriticWorker(Worker):
         self.config = worker_run_config(config)
         self.critic_cfg = self.config.critic
         self.train = train_parallel(self.config.placement)
+        self.rule_set = train_rule_set(self.config, "critic", self.train)
         self.mesh = meshlib.build_train_mesh(self.train, meshlib.ordered_devices())
         self.model: LoadedModel | None = None
         self.state: TrainState | None = None
@@ -67,7 +68,7 @@ class CriticWorker(Worker):
         params = value_params_from_lm(self.model.params, config, model_cfg.seed + 1,
                                       head_std=self.critic_cfg.value_head_init_std)
         self.model.params = None
-        shardings = param_shardings(params, value_param_logical_axes(config), self.mesh)
+        shardings = param_shardings(params, value_param_logical_axes(config), self.mesh, rule_set=self.rule_set)
         params = jax.device_put(params, shardings)
         try:
             self.loss_cfg = critic_loss_config(self.critic_cfg)
@@ -77,7 +78,7 @@ class CriticWorker(Worker):
         optimizer = make_optimizer(self.optim, self.critic_cfg.grad_clip, where="critic.optim")
         state_shardings = train_state_shardings(params, shardings, optimizer, self.mesh)
         self.state = jax.jit(lambda p: init_train_state(p, optimizer), out_shardings=state_shardings)(params)
-        self.value_fn = value_head_fn(config, self.mesh, meshlib.train_activation_rules())
+        self.value_fn = value_head_fn(config, self.mesh, self.rule_set.activations)
         loss_fn = functools.partial(critic_loss, value_fn=self.value_fn, cfg=self.loss_cfg)
         self._train_step = make_train_step(loss_fn, self.optim, optimizer=optimizer,
                                            denominator_fn=response_denominator(self.loss_cfg.loss_agg_mode),

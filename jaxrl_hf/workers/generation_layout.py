@@ -30,12 +30,15 @@ def _divisors(n: int) -> list[int]:
     return [k for k in range(1, n + 1) if n % k == 0]
 
 
-def generation_parallel(placement: PlacementConfig, train: meshlib.TrainParallel,
-                        where: str = "placement") -> meshlib.GenParallel | None:
+def generation_parallel(placement: PlacementConfig, train: meshlib.TrainParallel, where: str = "placement",
+                        rule_set: meshlib.RuleSet = meshlib.MEGATRON) -> meshlib.GenParallel | None:
     """``placement.generate.{pp,tp}`` as a `mesh.GenParallel` over ``train``, or ``None`` when equal to the
-    training pp/tp (no reshard; an unset size means the training one). Each generation size must divide the
-    training size (the paper's grouping takes generation groups at the integral strides ``p/p_g``, ``t/t_g``);
-    errors name the key and list the valid values."""
+    training pp/tp and the training ``rule_set`` keeps the params whole over ``dp`` (no reshard; an unset size
+    means the training one). A rule set sharding them over ``dp`` (``fsdp``) always gets a layout (``d_g = 1``
+    when equal): each rollout gathers the params over ``dp`` and frees them after, instead of the engine holding
+    a second, gathered copy. Each generation size must divide the training size (the paper's grouping takes
+    generation groups at the integral strides ``p/p_g``, ``t/t_g``); errors name the key and list the valid
+    values."""
     sizes = {}
     for name, train_size in (("pp", train.pp), ("tp", train.tp)):
         value = getattr(placement.generate, name)
@@ -47,7 +50,7 @@ def generation_parallel(placement: PlacementConfig, train: meshlib.TrainParallel
                 f"{where}.generate.{name}={value!r}: must divide {where}.train.{name}={train_size} "
                 f"(3D-HybridEngine, HybridFlow §2.5); valid: {valid}")
         sizes[name] = int(value)
-    if (sizes["pp"], sizes["tp"]) == (train.pp, train.tp):
+    if (sizes["pp"], sizes["tp"]) == (train.pp, train.tp) and "dp" not in rule_set.param_mesh_axes():
         return None
     return meshlib.GenParallel(train, sizes["pp"], sizes["tp"])
 
@@ -57,7 +60,8 @@ class GenerationLayout:
     """The generation mesh, its activation rules and the train<->generation reshard of one actor.
 
     ``logical_axes``: the decoder's logical-axis tree; ``param_shapes``: matching shapes/dtypes.
-    ``train_shardings`` is the layout the actor must keep its params in between rollouts.
+    ``train_shardings`` is the layout the actor must keep its params in between rollouts (the actor's
+    training rule set, `jaxrl_hf.workers.common.train_rule_set`); the generation layout derives from it.
     """
 
     gen: meshlib.GenParallel
@@ -65,9 +69,10 @@ class GenerationLayout:
 
     @classmethod
     def build(cls, gen: meshlib.GenParallel, logical_axes: Any, param_shapes: Any,
-              devices: Any = None) -> "GenerationLayout":
-        """Meshes and compiled-on-first-use reshard programs for ``gen`` over ``devices`` (rank order)."""
-        return cls(gen, meshlib.HybridEngine(gen, logical_axes, param_shapes, devices))
+              devices: Any = None, rule_set: meshlib.RuleSet = meshlib.MEGATRON) -> "GenerationLayout":
+        """Meshes and compiled-on-first-use reshard programs for ``gen`` over ``devices`` (rank order), from the
+        training layout ``rule_set``."""
+        return cls(gen, meshlib.HybridEngine(gen, logical_axes, param_shapes, devices, rule_set))
 
     @property
     def mesh(self) -> jax.sharding.Mesh:
@@ -81,7 +86,7 @@ class GenerationLayout:
     @property
     def activation_rules(self) -> meshlib.Rules:
         """Generation activation rules: the ``batch`` logical axis over the data axes ``dg`` (+ split) and ``dp``."""
-        return meshlib.generation_activation_rules(self.engine.meshes.dg_axes)
+        return self.engine.rule_set.on_generation_mesh(self.engine.meshes.dg_axes).activations
 
     @property
     def train_shardings(self) -> Any:

@@ -55,19 +55,25 @@ def train_state_shardings(params: Any, param_shardings: Any, optimizer: optax.Gr
 
 
 def accumulate_gradients(loss_fn: LossFn, params: Any, micro_batches: Mapping[str, jax.Array],
-                         denominators: Any, summed_aux: tuple[str, ...] = ()) -> tuple[jax.Array, Any, dict[str, jax.Array]]:
+                         denominators: Any, summed_aux: tuple[str, ...] = (),
+                         grad_shardings: Any = None) -> tuple[jax.Array, Any, dict[str, jax.Array]]:
     """``(Σ loss shares, Σ grads, aux)`` over the leading micro-batch axis of ``micro_batches``; ``aux``
-    entries named in ``summed_aux`` are summed, the others averaged over the micro-batches."""
+    entries named in ``summed_aux`` are summed, the others averaged over the micro-batches. ``grad_shardings``
+    (the params' shardings) pins each micro-batch's gradients and their sum to the param layout, so under a
+    layout sharded over ``dp`` (``fsdp``) the gradients are reduced straight into their shards (a reduce-scatter
+    where the backend forms one; XLA's CPU backend emits an all-reduce and keeps only the shard)."""
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
     first = jax.tree.map(lambda x: x[0], micro_batches)
     aux_shape = jax.eval_shape(lambda: loss_fn(params, first, denominators)[1])
-    zero_grads = jax.tree.map(jnp.zeros_like, params)
+    pin = (lambda tree: jax.lax.with_sharding_constraint(tree, grad_shardings)) if grad_shardings is not None \
+        else (lambda tree: tree)
+    zero_grads = pin(jax.tree.map(jnp.zeros_like, params))
     zero_aux = {k: jnp.zeros((), jnp.float32) for k in aux_shape}
 
     def body(carry, micro):
         loss_sum, grad_sum, aux_sum = carry
         (loss, aux), grads = grad_fn(params, micro, denominators)
-        grad_sum = jax.tree.map(jnp.add, grad_sum, grads)
+        grad_sum = pin(jax.tree.map(jnp.add, grad_sum, pin(grads)))
         aux_sum = {k: aux_sum[k] + jnp.asarray(aux[k], jnp.float32) for k in aux_sum}
         return (loss_sum + loss, grad_sum, aux_sum), None
 
@@ -103,7 +109,9 @@ def make_train_step(loss_fn: LossFn, optim: OptimConfig, *, optimizer: optax.Gra
     """
     def step(state: TrainState, micro_batches: Mapping[str, jax.Array]) -> tuple[TrainState, dict[str, jax.Array]]:
         denominators = denominator_fn(micro_batches) if denominator_fn is not None else None
-        loss, grads, aux = accumulate_gradients(loss_fn, state.params, micro_batches, denominators, summed_aux)
+        grad_shardings = state_shardings.params if state_shardings is not None else None
+        loss, grads, aux = accumulate_gradients(loss_fn, state.params, micro_batches, denominators, summed_aux,
+                                                grad_shardings)
         new_state, update_metrics = apply_update(state, grads, optimizer, optim)
         return new_state, {"loss": loss, **update_metrics, **aux}
 
