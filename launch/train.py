@@ -19,7 +19,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-ALGOS = ("dapo", "grpo", "ppo", "remax", "rloo", "reinforce_pp", "gspo", "safe_rlhf")
+from jaxrl_hf.config.schema import ALGOS  # noqa: E402  (the one list of --algo names)
 
 
 def main(argv: list[str] | None = None) -> int:

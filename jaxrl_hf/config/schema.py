@@ -454,11 +454,15 @@ class PlacementConfig:
 # --------------------------------------------------------------------------------------------- root
 
 
+ALGOS: tuple[str, ...] = ("dapo", "grpo", "ppo", "remax", "rloo", "reinforce_pp", "gspo", "safe_rlhf")
+"""The ``--algo`` names: each has ``configs/<algo>.yaml`` and a step in ``jaxrl_hf.trainer.ALGORITHMS`` (tested)."""
+
+
 @dataclass
 class RunConfig:
     """Everything a run needs; ``algo`` names the control flow in ``jaxrl_hf.trainer.algorithms``."""
 
-    algo: Literal["dapo", "grpo", "ppo", "remax", "rloo", "reinforce_pp", "gspo", "safe_rlhf"] = "dapo"
+    algo: Literal[ALGOS] = "dapo"
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     actor: ActorConfig = field(default_factory=ActorConfig)
@@ -480,4 +484,3 @@ class RunConfig:
         return dataclasses.asdict(self)
 
 
-ALGOS: tuple[str, ...] = ("dapo", "grpo", "ppo", "remax", "rloo", "reinforce_pp", "gspo", "safe_rlhf")
