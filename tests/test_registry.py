@@ -65,3 +65,21 @@ def test_kl_estimators_are_a_registry_with_straight_through_forms():
     np.testing.assert_allclose(algos.kl_penalty(lp, rp, "test_half_k1+"), [[0.5, 0.0]])  # value of the base
     with pytest.raises(ValueError, match=r"unknown KL estimator 'full\+'; valid names: \[.*'test_half_k1\+'"):
         algos.kl_penalty(lp, rp, "full+")
+
+
+def test_algo_names_are_one_list():
+    """``--algo`` names: the schema's ``ALGOS`` is the list; each has a step in the trainer and a configs/ YAML,
+    and ``launch/train.py`` offers exactly those."""
+    import importlib.util
+    import os
+
+    from jaxrl_hf.config import ALGOS, config_dir
+    from jaxrl_hf.trainer import ALGORITHMS
+
+    assert sorted(ALGORITHMS) == sorted(ALGOS)
+    assert all(os.path.isfile(os.path.join(config_dir(), f"{algo}.yaml")) for algo in ALGOS)
+    launch = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "launch", "train.py")
+    spec = importlib.util.spec_from_file_location("launch_train", launch)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.ALGOS is ALGOS

@@ -1,0 +1,63 @@
+"""The reward sections of the run configuration (verl's names): ``reward_model`` (the rule-based reward manager
+plus an optional learned reward model), ``cost_model`` (Safe-RLHF) and ``custom_reward_function``.
+
+Part of the schema in ``jaxrl_hf.config.schema`` (which composes ``RunConfig`` from them); kept apart only to
+keep each file small. Import them from either module: it is one class each.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Optional
+
+
+@dataclass
+class OverlongBufferConfig:
+    """DAPO soft overlong punishment (eq.13): ``len`` = L_cache tokens before ``max_response_length``."""
+
+    enable: bool = False
+    len: int = 16
+    penalty_factor: float = 1.0
+    log: bool = True
+
+
+@dataclass
+class ScoringModelConfig:
+    """A learned value-head scorer of finished sequences (``RewardModelWorker`` / ``CostModelWorker``); ``seed``
+    initialises a ``tiny-random`` one, ``micro_batch_size_per_device`` rows go through each scoring pass."""
+
+    enable: bool = False
+    path: Optional[str] = None
+    """Reward/cost-model directory (``launch/train_rm.py`` output) or ``tiny-random`` (shape: ``model.tiny``)."""
+    seed: int = 0
+    micro_batch_size_per_device: int = 8
+    dtype: Optional[Literal["float32", "bfloat16"]] = None
+    """Default: ``model.dtype``."""
+
+
+@dataclass
+class RewardModelConfig(ScoringModelConfig):
+    """Rule-based reward manager (always) plus an optional learned reward model (``enable``)."""
+
+    reward_manager: Literal["naive", "dapo"] = "naive"
+    overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
+    num_workers: int = 0
+    """Processes scoring responses on the driver (0 = in the driver process)."""
+    timeout_s: float = 10.0
+    num_examine: int = 0
+    rule_weight: float = 1.0
+    """Weight of the rule score when a reward model is enabled too (0 = reward model only)."""
+
+
+@dataclass
+class CostModelConfig(ScoringModelConfig):
+    """Safe-RLHF cost model (a value-head model scoring harmfulness; higher = worse)."""
+
+
+@dataclass
+class CustomRewardFunctionConfig:
+    """A user scoring function ``fn(data_source, solution_str, ground_truth, extra_info, **reward_kwargs)``."""
+
+    path: Optional[str] = None
+    name: str = "compute_score"
+    reward_kwargs: dict[str, Any] = field(default_factory=dict)
