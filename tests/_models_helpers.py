@@ -42,3 +42,27 @@ def random_prompts(seed: int, rows: int, width: int, vocab_size: int) -> tuple[n
         prompts[i, width - length:] = rng.integers(3, vocab_size, length)
         mask[i, width - length:] = 1
     return prompts, mask
+
+
+TINY_WORKER_MODEL = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
+                         num_kv_heads=4, max_position_embeddings=128)
+
+
+def tiny_worker_config(*, lr: float, n: int, response_length: int, seed: int, **sections: dict) -> dict:
+    """A worker config (a ``RunConfig`` mapping; the schema fills every other default) for the tiny random model:
+    mini-batches of 2 prompts, micro-batches of 1 row, the native JAX engine. ``sections`` are deep-merged into
+    (or add) top-level sections, e.g. ``actor={"shuffle": True, "optim": {"weight_decay": 0.0}}``."""
+    config = {
+        "model": {"path": "tiny-random", "tiny": dict(TINY_WORKER_MODEL), "seed": 0},
+        "actor": {"ppo_mini_batch_size": 2, "ppo_micro_batch_size_per_device": 1, "optim": {"lr": lr}},
+        "rollout": {"name": "jax", "n": n, "response_length": response_length, "seed": seed},
+    }
+    return _deep_merge(config, sections)
+
+
+def _deep_merge(base: dict, extra: dict) -> dict:
+    merged = dict(base)
+    for key, value in extra.items():
+        merged[key] = _deep_merge(merged[key], value) if isinstance(value, dict) and isinstance(
+            merged.get(key), dict) else value
+    return merged

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from _models_helpers import random_params, random_prompts, tiny_config
+from _models_helpers import TINY_WORKER_MODEL, random_params, random_prompts, tiny_config, tiny_worker_config
 from jaxrl_hf.controller import Batch
 from jaxrl_hf.controller.worker import WorkerContext
 from jaxrl_hf.models import token_log_probs_and_entropy
@@ -259,17 +259,8 @@ def test_two_turn_loop_through_the_jax_engine(engine):
     assert out["response_mask"].sum() < out["attention_mask"][:, width:].sum()  # observations: attended, not trained
 
 
-TINY = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=4,
-            max_position_embeddings=128)
-WORKER_CONFIG = {
-    "model": {"path": "tiny-random", "tiny": TINY, "seed": 0},
-    "actor": {"ppo_mini_batch_size": 2, "ppo_micro_batch_size_per_device": 1, "ppo_epochs": 1,
-              "loss_agg_mode": "token-mean", "policy_loss": {"loss_mode": "vanilla"}, "clip_ratio": 0.2,
-              "grad_clip": 1.0, "optim": {"lr": 1e-3}},
-    "rollout": {"name": "jax", "n": 2, "temperature": 1.0, "top_p": 1.0, "top_k": 0, "response_length": 6, "seed": 3,
-                "loop": TWO_TURN},
-    "placement": {"train": {"dp": jax.device_count()}},
-}
+WORKER_CONFIG = tiny_worker_config(lr=1e-3, n=2, response_length=6, seed=3, rollout={"loop": TWO_TURN},
+                                   placement={"train": {"dp": jax.device_count()}})
 
 
 def test_worker_runs_the_configured_loop():
@@ -278,7 +269,7 @@ def test_worker_runs_the_configured_loop():
     worker = ActorRolloutRefWorker._instantiate(WorkerContext("actor", "local", 0, 1),
                                                 (copy.deepcopy(WORKER_CONFIG), "actor_rollout"), {})
     worker.init_model()
-    prompts, mask = random_prompts(4, 4, 6, TINY["vocab_size"])
+    prompts, mask = random_prompts(4, 4, 6, TINY_WORKER_MODEL["vocab_size"])
     gen = worker.generate_sequences(Batch.from_dict({"prompts": prompts, "prompt_mask": mask}))
     assert gen.meta_info["loop_turns"] == 2
     assert gen["responses"].shape == (8, 2 * 6 + len(OBSERVATION))

@@ -16,22 +16,15 @@ import os
 import numpy as np
 import pytest
 
-from _models_helpers import random_prompts
+from _models_helpers import TINY_WORKER_MODEL, random_prompts, tiny_worker_config
 from jaxrl_hf.controller import Batch, ResourcePool, WorkerGroup, WorkerMethodError
 from jaxrl_hf.rollout import multiprocess as mp
 from jaxrl_hf.workers import ActorRolloutRefWorker
 
 P, R, PROMPTS, N = 6, 8, 8, 2
-TINY = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=4,
-            max_position_embeddings=128)
-CONFIG = {
-    "model": {"path": "tiny-random", "tiny": TINY, "seed": 0},
-    "actor": {"ppo_mini_batch_size": 2, "ppo_micro_batch_size_per_device": 1, "ppo_epochs": 1,
-              "loss_agg_mode": "token-mean", "policy_loss": {"loss_mode": "vanilla"}, "clip_ratio": 0.2,
-              "grad_clip": 1.0, "optim": {"lr": 1e-3, "weight_decay": 0.0, "warmup_steps": 0}},
-    "rollout": {"name": "jax", "n": N, "temperature": 1.0, "top_p": 1.0, "top_k": 0, "response_length": R, "seed": 7},
-    "placement": {"num_processes": 1, "devices_per_process": 4, "train": {"pp": 1, "tp": 1, "dp": 4}},
-}
+CONFIG = tiny_worker_config(
+    lr=1e-3, n=N, response_length=R, seed=7, actor={"optim": {"weight_decay": 0.0}},
+    placement={"num_processes": 1, "devices_per_process": 4, "train": {"pp": 1, "tp": 1, "dp": 4}})
 
 
 def config(num_processes: int, devices: int, train: dict, generate: dict | None = None) -> dict:
@@ -42,7 +35,7 @@ def config(num_processes: int, devices: int, train: dict, generate: dict | None 
 
 
 def prompt_batch(seed: int = 0, meta: dict | None = None) -> Batch:
-    prompts, mask = random_prompts(seed, PROMPTS, P, TINY["vocab_size"])
+    prompts, mask = random_prompts(seed, PROMPTS, P, TINY_WORKER_MODEL["vocab_size"])
     return Batch.from_dict({"prompts": prompts, "prompt_mask": mask,
                             "data_source": np.array([f"src{i}" for i in range(PROMPTS)], dtype=object)},
                            meta_info=meta or {})

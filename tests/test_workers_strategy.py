@@ -12,7 +12,7 @@ import jax
 import numpy as np
 import pytest
 
-from _models_helpers import random_prompts
+from _models_helpers import TINY_WORKER_MODEL, random_prompts, tiny_worker_config
 from jaxrl_hf.controller import Batch
 from jaxrl_hf.controller.worker import WorkerContext
 from jaxrl_hf.trainer.metrics import is_wall_clock_metric
@@ -23,18 +23,11 @@ pytestmark = pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 devices:
                                 "XLA_FLAGS=--xla_force_host_platform_device_count=8 before jax starts")
 
 P, R, PROMPTS, N = 6, 8, 4, 2
-TINY = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=4,
-            max_position_embeddings=128)
-BASE = {
-    "model": {"path": "tiny-random", "tiny": TINY, "seed": 0},
-    "actor": {"ppo_mini_batch_size": 2, "ppo_micro_batch_size_per_device": 1, "ppo_epochs": 1, "shuffle": True,
-              "loss_agg_mode": "token-mean", "policy_loss": {"loss_mode": "vanilla"}, "clip_ratio": 0.2,
-              "grad_clip": 1.0, "optim": {"lr": 5e-3, "weight_decay": 0.01, "warmup_steps": 0}},
-    "critic": {"ppo_mini_batch_size": 2, "ppo_micro_batch_size_per_device": 1},
-    "rollout": {"name": "jax", "n": N, "temperature": 1.0, "top_p": 1.0, "top_k": 0, "response_length": R, "seed": 7},
-    "placement": {"num_processes": 1, "devices_per_process": 8, "train": {"pp": 1, "tp": 4, "dp": 2},
-                  "generate": {"pp": 1, "tp": 2}},
-}
+BASE = tiny_worker_config(
+    lr=5e-3, n=N, response_length=R, seed=7, actor={"shuffle": True},
+    critic={"ppo_mini_batch_size": 2, "ppo_micro_batch_size_per_device": 1},
+    placement={"num_processes": 1, "devices_per_process": 8, "train": {"pp": 1, "tp": 4, "dp": 2},
+               "generate": {"pp": 1, "tp": 2}})
 
 
 def make(cls, args, generate=BASE["placement"]["generate"], **strategies):
@@ -54,7 +47,7 @@ def per_device_shares(tree):
 
 
 def prompt_batch(seed=0, **meta):
-    prompts, mask = random_prompts(seed, PROMPTS, P, TINY["vocab_size"])
+    prompts, mask = random_prompts(seed, PROMPTS, P, TINY_WORKER_MODEL["vocab_size"])
     return Batch.from_dict({"prompts": prompts, "prompt_mask": mask}, meta_info=meta)
 
 
