@@ -30,6 +30,7 @@ ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the probe wor
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ESTIMATOR, LOSS, NEEDS_LOSS = "test_gamma_times_group_size", "test_marked_vanilla", "test_score_weighted"
+LOOP, RULE_SET = "test_user_single_turn", "test_user_zero3"
 
 USER_FILE = '''
 """A user's own estimator and policy losses, registered at import time."""
@@ -60,6 +61,21 @@ def score_weighted(old_log_prob, log_prob, advantages, response_mask, *, token_l
     loss = -jnp.sum(token_level_scores * log_prob * response_mask) / jnp.sum(response_mask)
     zero = jnp.zeros((), jnp.float32)
     return loss, {"pg_clipfrac": zero, "pg_clipfrac_lower": zero, "ppo_kl": zero}
+'''
+
+# imported only by the end-to-end run's own processes (its names stay out of this process's registries)
+USER_SEAMS_FILE = '''
+"""A user's own rollout loop and sharding rule set, registered at import time."""
+from jaxrl_hf.mesh.rule_sets import FSDP, RuleSet, register_rule_set
+from jaxrl_hf.rollout.loops import SingleTurnLoop, register_rollout_loop
+
+
+@register_rollout_loop("test_user_single_turn")
+class UserSingleTurn(SingleTurnLoop):
+    """The single-turn loop under the user's own name (resolved by name inside the actor's worker process)."""
+
+
+register_rule_set(RuleSet("test_user_zero3", FSDP.params, FSDP.activations, "the user's copy of ZeRO-3"))
 '''
 
 
@@ -197,11 +213,15 @@ def test_every_process_of_a_pool_imports_before_workers_exist(ray_cluster, user_
 @pytest.mark.slow
 def test_train_with_a_user_estimator_and_loss(user_file, tmp_path):
     """``launch/train.py --import FILE``: the estimator's A = gamma x n on every token (0.75 x rollout.n=2) and the
-    worker-side loss's marker pg_clipfrac = 0.25 are what the run logs."""
+    worker-side loss's marker pg_clipfrac = 0.25 are what the run logs; the user's rollout loop and sharding rule
+    set are selected by name (the actor worker resolves both in its own process, or the run fails)."""
     run_dir = tmp_path / "run"
+    seams_file = tmp_path / "my_seams.py"
+    seams_file.write_text(USER_SEAMS_FILE)
     cmd = [sys.executable, os.path.join(REPO, "launch", "train.py"), "--algo", "grpo", "--preset", "smoke",
-           "--import", user_file, f"algorithm.adv_estimator={ESTIMATOR}", "algorithm.gamma=0.75",
-           f"actor.policy_loss.loss_mode={LOSS}", "trainer.total_steps=1", "trainer.val_before_train=false",
+           "--import", user_file, "--import", str(seams_file), f"algorithm.adv_estimator={ESTIMATOR}", "algorithm.gamma=0.75",
+           f"actor.policy_loss.loss_mode={LOSS}", f"rollout.loop={LOOP}", f"actor.strategy={RULE_SET}",
+           "trainer.total_steps=1", "trainer.val_before_train=false",
            "trainer.save_freq=0", f"trainer.run_dir={run_dir}"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert proc.returncode == 0, f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-6000:]}"
@@ -211,7 +231,9 @@ def test_train_with_a_user_estimator_and_loss(user_file, tmp_path):
     for stat in ("mean", "max", "min"):
         assert record[f"critic/advantages/{stat}"] == pytest.approx(1.5)
     assert record["actor/pg_clipfrac"] == pytest.approx(0.25)
-    assert "imports:\n- " + user_file in (run_dir / "config.yaml").read_text()
+    written = (run_dir / "config.yaml").read_text()
+    assert f"imports:\n- {user_file}\n- {seams_file}" in written
+    assert f"loop: {LOOP}" in written and f"strategy: {RULE_SET}" in written
 
 
 def test_bad_import_on_the_command_line_exits_2_naming_it(tmp_path):
