@@ -7,13 +7,22 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, Callable, Generic, TypeVar
 
-F = TypeVar("F", bound=Callable)
+F = TypeVar("F")  # a function, a class, or a declaration such as a sharding rule set
+
+
+def _describe(entry: Any) -> str:
+    """``module.qualname`` of a registered function or class; the type and ``name`` of a data entry."""
+    qualname = getattr(entry, "__qualname__", None)
+    if qualname is not None:
+        return f"{getattr(entry, '__module__', '?')}.{qualname}"
+    return f"{type(entry).__name__} {getattr(entry, 'name', '')!s}".strip()
 
 
 class Registry(Generic[F]):
-    """Maps a name (verl's config value, e.g. ``"grpo"``) to a pure function, plus per-entry metadata.
+    """Maps a name (verl's config value, e.g. ``"grpo"``) to an entry (a pure function, a loop class, a rule set),
+    plus per-entry metadata.
 
-    ``register(name, **metadata)`` is a decorator; registering a second, different function under a taken name
+    ``register(name, **metadata)`` is a decorator; registering a second, different entry under a taken name
     is an error unless ``override=True`` (so a typo cannot silently replace a built-in).
 
     ``metadata`` (given to the constructor) declares the keys an entry may carry and their defaults, e.g.
@@ -41,10 +50,8 @@ class Registry(Generic[F]):
         def decorator(fn: F) -> F:
             existing = self._table.get(name)
             if existing is not None and not override and (existing is not fn or self._info[name] != info):
-                raise ValueError(
-                    f"{self.kind} {name!r} is already registered ({existing.__module__}.{existing.__qualname__});"
-                    " pass override=True to replace it"
-                )
+                raise ValueError(f"{self.kind} {name!r} is already registered ({_describe(existing)}); "
+                                 "pass override=True to replace it")
             self._table[name] = fn
             self._info[name] = info
             return fn

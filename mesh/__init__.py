@@ -12,21 +12,21 @@ Modules, one concern each:
 """
 
 from jaxrl_hf.mesh.device_mesh import (TRAIN_AXES, HybridMeshes, build_hybrid_meshes, build_train_mesh,
-                              build_vanilla_generation_mesh, flat_device_ids, ordered_devices)
+                                       build_vanilla_generation_mesh, flat_device_ids, ordered_devices)
 from jaxrl_hf.mesh.hlo_collectives import Collective, CollectiveSummary, parse_collectives, summarize
-from jaxrl_hf.mesh.hybrid_engine import (METHODS, DeepSpeedChatTransition, HybridEngine, VanillaTransition, delete_tree,
-                                make_transition, shard_bytes_per_device)
+from jaxrl_hf.mesh.hybrid_engine import (METHODS, DeepSpeedChatTransition, HybridEngine, VanillaTransition,
+                                         delete_tree, make_transition, shard_bytes_per_device)
 from jaxrl_hf.mesh.rule_sets import (MEGATRON, RULE_SETS, RuleSet, get_rule_set, register_rule_set,
                                      rule_set_for_strategy)
 from jaxrl_hf.mesh.rules import (Rules, generation_activation_rules, generation_param_rules, logical_to_shardings,
-                        logical_to_spec, logical_to_specs, optimizer_state_shardings, train_activation_rules,
-                        train_param_rules)
+                                 logical_to_spec, logical_to_specs, optimizer_state_shardings, train_activation_rules,
+                                 train_param_rules)
 from jaxrl_hf.mesh.synthetic import (LLAMA_SHAPES, LlamaShape, init_params, llama_logical_axes, llama_param_shapes,
-                            llama_shape, param_bytes, param_count)
-from jaxrl_hf.mesh.topology import (GenParallel, TrainParallel, generation_coords, generation_tp_groups, micro_dp_groups,
-                           parse_config, train_coords, training_model_parallel_groups)
+                                     llama_shape, param_bytes, param_count)
+from jaxrl_hf.mesh.topology import (GenParallel, TrainParallel, generation_coords, generation_tp_groups,
+                                    micro_dp_groups, parse_config, train_coords, training_model_parallel_groups)
 from jaxrl_hf.mesh.transition_report import (TransitionAnalysis, analyze_transition, live_bytes_per_device,
-                                    time_transition, tree_bytes_per_device)
+                                             time_transition, tree_bytes_per_device)
 
 __all__ = [
     "TRAIN_AXES", "HybridMeshes", "build_hybrid_meshes", "build_train_mesh", "build_vanilla_generation_mesh",

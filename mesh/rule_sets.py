@@ -158,11 +158,7 @@ RULE_SETS: Registry = Registry("sharding rule set")
 def register_rule_set(rule_set: RuleSet, *, name: str | None = None, override: bool = False) -> RuleSet:
     """Register ``rule_set`` under its own name (or ``name``, e.g. an alias); a taken name is an error unless
     ``override`` (so a typo cannot silently replace a built-in layout)."""
-    name = name or rule_set.name
-    if name in RULE_SETS and RULE_SETS.get(name) is not rule_set and not override:
-        raise ValueError(f"sharding rule set {name!r} is already registered ({RULE_SETS.get(name).summary}); "
-                         "pass override=True to replace it")
-    return RULE_SETS.register(name, override=True)(rule_set)
+    return RULE_SETS.register(name or rule_set.name, override=override)(rule_set)
 
 
 def get_rule_set(name: str) -> RuleSet:

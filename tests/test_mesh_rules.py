@@ -14,8 +14,8 @@ from jaxrl_hf.mesh.device_mesh import build_hybrid_meshes
 from jaxrl_hf.mesh.rule_sets import get_rule_set
 from jaxrl_hf.mesh.hybrid_engine import shard_bytes_per_device
 from jaxrl_hf.mesh.rules import (generation_activation_rules, generation_param_rules, logical_to_shardings,
-                        logical_to_spec, logical_to_specs, optimizer_state_shardings, train_activation_rules,
-                        train_param_rules)
+                                 logical_to_spec, logical_to_specs, optimizer_state_shardings, train_activation_rules,
+                                 train_param_rules)
 from jaxrl_hf.mesh.synthetic import llama_logical_axes, llama_param_shapes, llama_shape, param_bytes
 from jaxrl_hf.mesh.topology import all_configs, parse_config
 

@@ -8,8 +8,8 @@ import pytest
 
 from jaxrl_hf.mesh.device_mesh import build_hybrid_meshes, build_train_mesh, flat_device_ids
 from jaxrl_hf.mesh.topology import (GenParallel, TrainParallel, all_configs, generation_coords, generation_tp_groups,
-                           micro_dp_groups, parse_config, train_coords, training_dp_groups,
-                           training_model_parallel_groups, training_tp_groups)
+                                    micro_dp_groups, parse_config, train_coords, training_dp_groups,
+                                    training_model_parallel_groups, training_tp_groups)
 
 needs8 = pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 devices: set "
                             "XLA_FLAGS=--xla_force_host_platform_device_count=8 before jax starts")

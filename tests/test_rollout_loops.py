@@ -227,7 +227,7 @@ def test_request_and_columns_reject_bad_input():
     with pytest.raises(ValueError, match="response_attention_mask leaves out"):
         sequence_columns(request, good, good, np.zeros((6, 4)), response_attention_mask=np.zeros((6, 4)))
     clash = request_of(Batch.from_dict({**batch.to_dict(), "responses": np.full((3, 4), 9)}), sampling)
-    with pytest.raises(ValueError, match="input column 'responses' differs"):
+    with pytest.raises(ValueError, match=r"rollout loop: an input column clashes .*column 'responses' differs"):
         sequence_columns(clash, good, good, np.zeros((6, 4)))
 
 

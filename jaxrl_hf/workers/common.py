@@ -100,12 +100,11 @@ def load_model(model: ModelConfig, where: str = "model") -> LoadedModel:
 
 # ------------------------------------------------------------------------------------------ mesh
 def train_parallel(placement: PlacementConfig, where: str = "placement") -> meshlib.TrainParallel:
-    """``placement.train.{pp,tp,dp}``; ``dp`` = 0 means all devices / (pp·tp); must cover every device."""
-    pp, tp = placement.train.pp, placement.train.tp
+    """``placement.train.{pp,tp,dp}``; must cover every device of the worker's JAX program."""
+    pp, tp, dp = placement.train.pp, placement.train.tp, placement.train.dp
     devices = jax.device_count()
     if devices % (pp * tp):
         raise WorkerConfigError(f"{where}.train: pp·tp = {pp}·{tp} does not divide the {devices} devices")
-    dp = placement.train.dp or devices // (pp * tp)
     if pp * tp * dp != devices:
         raise WorkerConfigError(f"{where}.train: pp·tp·dp = {pp}·{tp}·{dp} = {pp * tp * dp} but the worker's "
                                 f"JAX program has {devices} devices (placement.num_processes × devices_per_process)")

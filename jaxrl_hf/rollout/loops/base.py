@@ -36,6 +36,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from jaxrl_hf.controller.batch import Batch
 from jaxrl_hf.registry import Registry
 from jaxrl_hf.rollout.base import RolloutEngine, SamplingParams
 
@@ -147,22 +148,19 @@ def sequence_columns(request: RolloutRequest, responses: np.ndarray, response_ma
         raise ValueError("rollout loop: response_mask marks tokens that response_attention_mask leaves out")
     n = request.n
     attention_mask = np.concatenate([np.repeat(request.prompt_mask, n, axis=0).astype(np.int32), attended], axis=1)
-    generated = {
+    generated = Batch.from_dict({
         "responses": responses, "response_mask": response_mask,
         "input_ids": np.concatenate([np.repeat(request.prompts, n, axis=0).astype(np.int32), responses], axis=1),
         "attention_mask": attention_mask,
         "position_ids": np.maximum(np.cumsum(attention_mask, axis=1) - 1, 0).astype(np.int32),
         "rollout_log_probs": np.asarray(rollout_log_probs).astype(np.float32),
-    }
-    arrays = {k: np.repeat(v, n, axis=0) for k, v in request.arrays.items()}
-    objects = {k: np.repeat(v, n, axis=0) for k, v in request.objects.items()}
-    if "uid" not in arrays and "uid" not in objects:
+    })
+    expanded = Batch(dict(request.arrays), dict(request.objects)).repeat(n, interleave=True)
+    if "uid" not in expanded:
         uid = request.first_uid + np.arange(request.num_prompts)
-        objects["uid"] = np.repeat(uid, n).astype(object)
-    for key, column in generated.items():
-        existing = arrays.get(key, objects.get(key))
-        if existing is None:
-            arrays[key] = column
-        elif not np.array_equal(existing, column):
-            raise ValueError(f"rollout loop: input column {key!r} differs from the generated one")
-    return RolloutResult(arrays, objects, dict(meta_info or {}))
+        expanded = expanded.union(Batch.from_dict({"uid": np.repeat(uid, n).astype(object)}))
+    try:
+        merged = expanded.union(generated)
+    except ValueError as err:  # an input column named like a generated one holds other values
+        raise ValueError(f"rollout loop: an input column clashes with the generated ones: {err}") from None
+    return RolloutResult(merged.arrays, merged.objects, dict(meta_info or {}))
