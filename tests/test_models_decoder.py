@@ -52,6 +52,26 @@ def test_logits_match_transformers_left_padded(tmp_path, model_type, tied):
     assert np.abs(ours[valid] - ref[valid]).max() < 1e-4
 
 
+def test_packed_segments_equal_separate_rows():
+    """Rows packed into one sequence (attention_mask = segment ids 1, 2, ..., positions restarting per segment)
+    give each row's logits exactly as its own unpadded forward (model.use_remove_padding's contract)."""
+    config = tiny_config()
+    params = random_params(config, seed=6)
+    rng = np.random.default_rng(2)
+    rows = [rng.integers(3, config.vocab_size, n).astype(np.int32) for n in (5, 7, 3)]
+    packed = np.concatenate(rows)[None]
+    segments = np.concatenate([np.full(len(r), i + 1, np.int32) for i, r in enumerate(rows)] + [np.zeros(2, np.int32)])
+    packed = np.concatenate([packed, np.zeros((1, 2), np.int32)], axis=1)
+    positions = np.concatenate([np.arange(len(r)) for r in rows] + [np.zeros(2, int)])[None].astype(np.int32)
+    got = np.asarray(jit_forward(params, config, jnp.asarray(packed), jnp.asarray(segments[None]),
+                                 jnp.asarray(positions)))[0]
+    start = 0
+    for r in rows:
+        alone = np.asarray(jit_forward(params, config, jnp.asarray(r[None])))[0]
+        np.testing.assert_allclose(got[start:start + len(r)], alone, atol=2e-5)
+        start += len(r)
+
+
 def test_safetensors_round_trip_bit_exact(tmp_path):
     config = tiny_config(qkv_bias=True, o_bias=True)
     params = random_params(config, seed=3)

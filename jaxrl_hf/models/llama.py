@@ -114,16 +114,23 @@ class _Proj(nn.Module):
 def split_attention_masks(attention_mask: Array, cache_index: Array, cached_len: int,
                           q_len: int) -> tuple[Array, Array]:
     """Which keys each query sees: cached slot ``s`` iff ``s < cache_index`` and ``attention_mask[b, s]``;
-    new key ``u`` (slot ``cache_index + u``) iff ``u <= t`` (causal) and ``attention_mask[b, cache_index + u]``.
+    new key ``u`` (slot ``cache_index + u``) iff ``u <= t`` (causal), ``attention_mask[b, cache_index + u] != 0``
+    and it equals the query's own ``attention_mask`` entry.
+
+    ``attention_mask`` doubles as *segment ids* (MaxText's ``decoder_segment_ids``): ``0`` is padding and rows
+    packed into one sequence (``model.use_remove_padding``) carry ``1, 2, 3, ...``, so a token attends only
+    within its own segment. A 0/1 mask is the one-segment case (the rule reduces to "valid and causal");
+    a padded query sees no key.
 
     Returns boolean masks ``[B, 1, 1, 1, cached_len]`` (the same for every query) and ``[B, 1, 1, T, T]``,
     broadcastable against scores ``[B, kv_heads, groups, T, keys]``.
     """
-    valid = attention_mask.astype(bool)
-    cached = (jnp.arange(cached_len) < cache_index)[None, :] & valid[:, :cached_len]  # [B, S_c]
-    new_valid = jax.lax.dynamic_slice_in_dim(valid, cache_index, q_len, axis=1)  # [B, T]
+    segments = attention_mask.astype(jnp.int32)
+    cached = (jnp.arange(cached_len) < cache_index)[None, :] & (segments[:, :cached_len] != 0)  # [B, S_c]
+    new_seg = jax.lax.dynamic_slice_in_dim(segments, cache_index, q_len, axis=1)  # [B, T]
     causal = jnp.arange(q_len)[None, :] <= jnp.arange(q_len)[:, None]  # [T(query), T(key)]
-    new = causal[None] & new_valid[:, None, :]  # [B, T, T]
+    same = (new_seg[:, :, None] == new_seg[:, None, :]) & (new_seg[:, None, :] != 0)  # [B, T(query), T(key)]
+    new = causal[None] & same  # [B, T, T]
     return cached[:, None, None, None, :], new[:, None, None]
 
 
