@@ -48,8 +48,8 @@ from jaxrl_hf.rollout import ENGINE_NAMES, JaxGenerationEngine, RolloutEngine, S
 from jaxrl_hf.rollout.loops import RolloutRequest, make_rollout_loop
 from jaxrl_hf.workers import checkpoint as ckpt
 from jaxrl_hf.workers.common import (LoadedModel, WorkerConfigError, chunked_apply, copy_tokenizer_files,
-                                     lm_param_shardings, load_model, to_global, train_parallel, train_rule_set,
-                                     worker_run_config)
+                                     lm_param_shardings, load_model, reference_params, to_global, train_parallel,
+                                     train_rule_set, worker_run_config)
 from jaxrl_hf.workers.generation_layout import GenerationLayout, generation_parallel
 from jaxrl_hf.workers.losses import (ACTOR_SUMMED_METRICS, actor_loss, actor_loss_config, lm_log_prob_fn,
                                      response_denominator)
@@ -136,7 +136,7 @@ class ActorRolloutRefWorker(Worker):
         self.model.params = None  # the placed copy is the only one
         self.log_prob_fn = lm_log_prob_fn(config, self.mesh, self.rule_set.activations)
         if self.has_ref:
-            self.ref_params = jax.tree.map(jnp.copy, params) if self.has_actor else params
+            self.ref_params = reference_params(params, config.dtype)
         if self.has_actor:
             actor = self.config.actor
             try:
@@ -441,6 +441,7 @@ class ActorRolloutRefWorker(Worker):
         params = self.state.params if self.has_actor else self.ref_params
         host = jax.tree.map(lambda x: np.asarray(jax.device_get(x)), params) if jax.process_count() == 1 else \
             jax.tree.map(lambda x: np.asarray(jax.experimental.multihost_utils.process_allgather(x, tiled=True)), params)
+        host = jax.tree.map(lambda x: x.astype(np.float32) if x.dtype != np.float32 else x, host)  # a bf16 reference
         path = os.path.abspath(path)
         if jax.process_index() == 0:
             tmp = f"{path}.tmp-export"

@@ -131,6 +131,17 @@ def train_rule_set(config: RunConfig, role: str, train: meshlib.TrainParallel) -
     return rule_set
 
 
+def reference_params(params: Any, dtype: str) -> Any:
+    """The frozen reference policy's weights: a copy of the initial params in the compute dtype ``model.dtype``
+    (mixed precision: bf16 halves the reference's memory; its logits, log-probs and the KL stay float32). Each
+    leaf keeps its sharding."""
+    dt = jnp.dtype(dtype)
+    if dt == jnp.float32:
+        return jax.tree.map(jnp.copy, params)
+    return jax.jit(lambda tree: jax.tree.map(lambda x: x.astype(dt) if jnp.issubdtype(x.dtype, jnp.floating) else x,
+                                             tree))(params)
+
+
 def param_shardings(params: Any, logical_axes: Any, train_mesh: jax.sharding.Mesh,
                     gen: meshlib.GenParallel | None = None, rule_set: meshlib.RuleSet = meshlib.MEGATRON) -> Any:
     """``NamedSharding`` tree for ``params`` on the training mesh: ``rule_set``'s param rules ordered for the
