@@ -83,7 +83,8 @@ def test_bundle_plan_pins_consecutive_ranks_to_per_node_bundles():
     gpu = bundle_plan(8, 0.5, 1, nnodes=2, strategy="STRICT_SPREAD")
     assert gpu.bundles == ({"CPU": 2.0, "GPU": 4.0},) * 2  # one bundle per node: 4 processes' CPU and GPUs
     assert gpu.bundle_of_rank == (0, 0, 0, 0, 1, 1, 1, 1) and gpu.process_resources == {"CPU": 0.5, "GPU": 1.0}
-    assert gpu.describe().startswith("2 nodes x {'CPU': 2.0, 'GPU': 4.0} (4 processes of")
+    assert gpu.describe() == ("2 nodes x {'CPU': 2.0, 'GPU': 4.0} (STRICT_SPREAD: each bundle on a different Ray "
+                              "node, holding 4 processes of {'CPU': 0.5, 'GPU': 1.0})")
     empty = bundle_plan(2, 0, 0, nnodes=1, strategy="STRICT_SPREAD")  # a bundle is never empty
     assert empty.bundles == ({"CPU": 0.002},) and empty.process_resources == {"CPU": 0.001}
 

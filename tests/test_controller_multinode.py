@@ -8,6 +8,7 @@ rank 0's node, and a jitted computation sharded over all 4 devices matches numpy
 checks the placement and the program, not GPUs or a network between machines.
 """
 
+import json
 import os
 import sys
 
@@ -122,3 +123,24 @@ def test_pool_needing_more_nodes_than_the_cluster_has_fails_naming_it(two_nodes)
     pending = [g for g in ray.util.placement_group_table().values()
                if g["name"].startswith("jaxrl_hf.three_nodes.") and g["state"] != "REMOVED"]
     assert pending == []  # the reservation was given back
+
+
+@pytest.mark.slow
+def test_grpo_smoke_on_two_nodes(two_nodes, tmp_path):
+    """``launch/train.py --algo grpo --preset smoke trainer.nnodes=2 trainer.n_gpus_per_node=2
+    placement.devices_per_process=2`` on the 2-node cluster: the actor pool (one process per node) rolls out,
+    trains and checkpoints for 2 steps."""
+    from jaxrl_hf.trainer import run
+
+    run_dir = tmp_path / "run"
+    overrides = [f"trainer.run_dir={run_dir}", "trainer.nnodes=2", "trainer.n_gpus_per_node=2",
+                 "placement.devices_per_process=2", "actor.ppo_micro_batch_size_per_device=1",
+                 "trainer.val_before_train=false", "trainer.compilation_cache_dir=null"]
+    assert run("grpo", preset="smoke", overrides=overrides) == 0
+    with open(os.path.join(run_dir, "metrics.jsonl")) as fh:
+        records = [json.loads(line) for line in fh if line.strip()]
+    steps = [r for r in records if "actor/pg_loss" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    for r in steps:
+        assert r["response_length/mean"] > 0 and np.isfinite(r["actor/grad_norm"])
+    assert os.path.isdir(run_dir / "checkpoints" / "global_step_2" / "actor")  # written by both nodes' processes

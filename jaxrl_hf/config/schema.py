@@ -401,7 +401,7 @@ class PlacementConfig:
 
     num_processes: Optional[int] = None
     """Processes of the actor pool. Null: ``trainer.nnodes × trainer.n_gpus_per_node / devices_per_process``
-    when those are set, else 1."""
+    when ``n_gpus_per_node`` is set, one per node when only ``trainer.nnodes`` is, else 1."""
     devices_per_process: int = 1
     cpus_per_process: float = 0.25
     train: ParallelSizes = field(default_factory=ParallelSizes)

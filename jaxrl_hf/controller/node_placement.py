@@ -51,8 +51,9 @@ class BundlePlan:
         """The request in words, for errors: ``2 x {'CPU': 0.25}`` or ``2 nodes x {...} (...)``."""
         if self.nnodes is None:
             return f"{len(self.bundles)} x {self.bundles[0]}"
-        return (f"{self.nnodes} nodes x {self.bundles[0]} ({self.processes_per_bundle} processes of "
-                f"{self.process_resources} per node, {self.strategy}: each node a different Ray node)")
+        k = self.processes_per_bundle
+        return (f"{self.nnodes} nodes x {self.bundles[0]} ({self.strategy}: each bundle on a different Ray node, "
+                f"holding {k} process{'es' if k > 1 else ''} of {self.process_resources})")
 
 
 def bundle_plan(num_processes: int, cpus_per_process: float, gpus_per_process: int, *, nnodes: int | None,
