@@ -72,7 +72,6 @@ class CrossNode(Worker):
         xs = jax.make_array_from_callback(x.shape, rows, lambda index: x[index])
         replicated = NamedSharding(self.mesh, P())
 
-        @jax.jit
         def stats(a, b):
             y = a @ b
             return y.T @ y, jax.shard_map(lambda v: jax.lax.psum(v.sum(0), "dp"), mesh=self.mesh,
@@ -80,8 +79,8 @@ class CrossNode(Worker):
 
         gram, colsum = jax.jit(stats, out_shardings=(replicated, replicated))(xs, jax.device_put(w, replicated))
         local_rows = sorted({int(s.index[0].start or 0) for s in xs.addressable_shards})
-        return {"gram": np.asarray(gram.addressable_shards[0].data), "colsum": np.asarray(colsum.addressable_shards[0].data),
-                "local_row_starts": local_rows}
+        return {"gram": np.asarray(gram.addressable_shards[0].data),
+                "colsum": np.asarray(colsum.addressable_shards[0].data), "local_row_starts": local_rows}
 
 
 def test_pool_spans_both_nodes_as_one_jax_program(two_nodes):
@@ -99,7 +98,8 @@ def test_pool_spans_both_nodes_as_one_jax_program(two_nodes):
         assert sorted(m for node in node_ids for m in markers[node]) == sorted(NODE_MARKERS)
         assert [i["node_id"] for i in pool.process_info] == node_ids
         for rank, w in enumerate(where):
-            assert (w["process_index"], w["process_count"], w["device_count"], w["local_device_count"]) == (rank, 2, 4, 2)
+            counts = (w["process_index"], w["process_count"], w["device_count"], w["local_device_count"])
+            assert counts == (rank, 2, 4, 2)
             assert w["mesh_processes"] == [0, 1] and w["env"] == "from-the-driver"
         rng = np.random.default_rng(0)
         x, w = rng.standard_normal((8, 16)).astype(np.float32), rng.standard_normal((16, 3)).astype(np.float32)
