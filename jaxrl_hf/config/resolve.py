@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from jaxrl_hf.config.cluster import resolve_cluster
 from jaxrl_hf.config.schema import RunConfig
 
 
@@ -20,7 +21,7 @@ def critic_enabled(config: RunConfig) -> bool:
 
 def resolve_defaults(config: RunConfig) -> RunConfig:
     """A copy of ``config`` with every ``None``-means-derived field filled in."""
-    config = dataclasses.replace(config)  # shallow: sections below are replaced, never mutated
+    config = resolve_cluster(config)  # a shallow copy: sections below are replaced, never mutated
     data, trainer = config.data, config.trainer
     config.rollout = dataclasses.replace(
         config.rollout,

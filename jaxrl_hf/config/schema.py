@@ -349,6 +349,14 @@ class TrainerConfig:
     export_hf: bool = False
     """Write the final actor as an HF safetensors directory to ``run_dir/hf_actor``."""
     ray_init_timeout_s: float = 180.0
+    nnodes: Optional[int] = None
+    """Ray nodes the actor pool spans (verl's key): ``placement.num_processes / nnodes`` processes on each of
+    exactly that many nodes (``jaxrl_hf.config.cluster``). Null: 1 when ``n_gpus_per_node`` is set, else the
+    pool goes wherever it fits (Ray's PACK: as few nodes as have room)."""
+    n_gpus_per_node: Optional[int] = None
+    """Devices of the actor pool on each node (verl's key): GPUs on a GPU cluster (one process per GPU), host
+    devices on CPU. ``nnodes × n_gpus_per_node = placement.num_processes × placement.devices_per_process``;
+    null: derived from ``placement``."""
     peak_flops_per_device: Optional[float] = None
     """Peak FLOP/s of one device, for ``perf/mfu/actor`` (e.g. 989e12 for an H100 in bf16); null: not logged."""
     compilation_cache_dir: Optional[str] = "~/.cache/jaxrl_hf/xla"
@@ -363,7 +371,8 @@ class TrainerConfig:
 class ParallelSizes:
     pp: int = 1
     tp: int = 1
-    dp: int = 1
+    dp: Optional[int] = None
+    """Null: the actor pool's devices / (pp·tp), so ``trainer.nnodes``/``n_gpus_per_node`` alone size it."""
 
 
 @dataclass
@@ -387,9 +396,12 @@ class PoolConfig:
 
 @dataclass
 class PlacementConfig:
-    """Devices and parallel sizes. CPU: ``num_processes`` Ray processes × ``devices_per_process`` host devices."""
+    """Devices and parallel sizes. CPU: ``num_processes`` Ray processes × ``devices_per_process`` host devices;
+    GPU: one process per GPU (``devices_per_process`` 1)."""
 
-    num_processes: int = 1
+    num_processes: Optional[int] = None
+    """Processes of the actor pool. Null: ``trainer.nnodes × trainer.n_gpus_per_node / devices_per_process``
+    when ``n_gpus_per_node`` is set, one per node when only ``trainer.nnodes`` is, else 1."""
     devices_per_process: int = 1
     cpus_per_process: float = 0.25
     train: ParallelSizes = field(default_factory=ParallelSizes)

@@ -64,7 +64,8 @@ class ProcessHost:
         self._workers: dict[str, Worker] = {}
 
     def coordinator_address(self) -> str:
-        """``ip:port`` of a free port on this node, for the JAX coordination service."""
+        """``ip:port`` of a free port on this node (rank 0's, which serves JAX's coordination service), as the
+        other nodes reach it: the node's IP as Ray knows it, never a loopback address."""
         with socket.socket() as sock:
             sock.bind(("", 0))
             port = sock.getsockname()[1]
@@ -80,6 +81,8 @@ class ProcessHost:
             )
         return {
             "pid": os.getpid(),
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "node_ip": ray.util.get_node_ip_address(),
             "process_index": jax.process_index(),
             "process_count": jax.process_count(),
             "device_count": jax.device_count(),

@@ -2,7 +2,9 @@
 
 On a GPU cluster each process owns one GPU; on a CPU-only machine each process owns
 ``devices_per_process`` host devices (XLA's forced host device count, for tests and development).
-The processes start on first use and form one multi-controller JAX program. Every `WorkerGroup`
+The processes start on first use and form one multi-controller JAX program, also when they sit on
+several Ray nodes (``nnodes``: ``num_processes / nnodes`` processes on each of that many nodes; JAX's
+coordination service runs on rank 0's node; see `jaxrl_hf.controller.node_placement`). Every `WorkerGroup`
 created on the same pool object runs in these same processes (colocation, HybridFlow §2.4);
 different pools get different processes (and, on GPUs, different devices).
 """
@@ -20,6 +22,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from jaxrl_hf.controller.errors import ControllerError, PoolBrokenError, WorkerDiedError
+from jaxrl_hf.controller.node_placement import BundlePlan, bundle_plan, describe_nodes, forwarded_env
 from jaxrl_hf.controller.process import ProcessHost
 
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
@@ -45,7 +48,11 @@ class ResourcePool:
       cpus_per_process: logical Ray CPUs each process reserves; fractional so that many processes fit
         a small machine (a CPU-heavy JAX process still uses whatever cores the OS gives it).
       use_gpu: one GPU per process; default: whether the Ray cluster has GPUs.
-      strategy: placement group strategy (PACK keeps a pool on few nodes).
+      nnodes: spread the processes evenly over exactly this many Ray nodes (one placement-group bundle per
+        node, ``STRICT_SPREAD``; ranks fill the nodes in order); ``num_processes`` must be a multiple of it.
+        None: one bundle per process, placed with ``strategy``.
+      strategy: placement group strategy; default ``PACK`` (as few nodes as have room), ``STRICT_SPREAD``
+        with ``nnodes`` (the only strategy that pins a pool to nodes).
       ready_timeout_s: how long to wait for resources and for the JAX program to form.
       imports: ``.py`` files / module names every process imports after joining the JAX program and before
         any worker is created (user code registering estimators, losses ...; `jaxrl_hf.user_modules`).
@@ -59,7 +66,8 @@ class ResourcePool:
         *,
         cpus_per_process: float = 0.25,
         use_gpu: bool | None = None,
-        strategy: str = "PACK",
+        nnodes: int | None = None,
+        strategy: str | None = None,
         ready_timeout_s: float = 120.0,
         imports: Sequence[str] = (),
     ):
@@ -73,13 +81,19 @@ class ResourcePool:
             )
         if cpus_per_process < 0:
             raise ValueError(f"ResourcePool {name!r}: cpus_per_process must be >= 0, got {cpus_per_process}")
+        strategy = strategy or ("PACK" if nnodes is None else "STRICT_SPREAD")
         if strategy not in PLACEMENT_STRATEGIES:
             raise ValueError(f"ResourcePool {name!r}: strategy {strategy!r} not in {PLACEMENT_STRATEGIES}")
+        try:  # the layout's checks (nnodes divides num_processes, strategy), before anything starts
+            bundle_plan(num_processes, cpus_per_process, 0, nnodes=nnodes, strategy=strategy)
+        except ValueError as err:
+            raise ValueError(f"ResourcePool {name!r}: {err}") from None
         self.name = name
         self.num_processes = num_processes
         self.requested_devices_per_process = devices_per_process
         self.cpus_per_process = float(cpus_per_process)
         self.use_gpu = use_gpu
+        self.nnodes = nnodes
         self.strategy = strategy
         self.ready_timeout_s = ready_timeout_s
         self.imports = tuple(imports)
@@ -116,7 +130,7 @@ class ResourcePool:
 
     @property
     def process_info(self) -> list[dict[str, Any]]:
-        """Per rank: pid, process_index, process_count, device_count, local_device_count."""
+        """Per rank: pid, node_id, node_ip, process_index, process_count, device_count, local_device_count."""
         self.start()
         return list(self._process_info)
 
@@ -124,7 +138,7 @@ class ResourcePool:
         state = "broken" if self._broken else ("started" if self.started else "not started")
         return (
             f"ResourcePool({self.name!r}, num_processes={self.num_processes}, "
-            f"devices_per_process={self.devices_per_process}, {state})"
+            f"devices_per_process={self.devices_per_process}, nnodes={self.nnodes}, {state})"
         )
 
     # ------------------------------------------------------------------ lifecycle
@@ -136,13 +150,10 @@ class ResourcePool:
             self.check_healthy()
             ensure_ray()
             self._decide_platform()
-            bundle = {"CPU": self.cpus_per_process} if self.cpus_per_process else {}
-            if self.use_gpu:
-                bundle["GPU"] = 1
-            if not bundle:
-                bundle = {"CPU": 0.001}  # a placement group bundle cannot be empty
+            plan = bundle_plan(self.num_processes, self.cpus_per_process, 1 if self.use_gpu else 0,
+                               nnodes=self.nnodes, strategy=self.strategy)
             group = placement_group(
-                [dict(bundle) for _ in range(self.num_processes)], strategy=self.strategy,
+                [dict(b) for b in plan.bundles], strategy=plan.strategy,
                 name=f"jaxrl_hf.{self.name}.{uuid.uuid4().hex[:8]}",
             )
             try:
@@ -150,13 +161,16 @@ class ResourcePool:
             except ray.exceptions.GetTimeoutError:
                 remove_placement_group(group)
                 raise ControllerError(
-                    f"ResourcePool {self.name!r}: {self.num_processes} x {bundle} could not be reserved "
-                    f"within {self.ready_timeout_s} s; available: {ray.available_resources()}"
+                    f"ResourcePool {self.name!r}: {plan.describe()} could not be reserved "
+                    f"within {self.ready_timeout_s} s; available: {ray.available_resources()}; "
+                    f"alive nodes (total resources): {describe_nodes(ray.nodes())}"
                 ) from None
             self._placement_group = group
-            hosts = [self._spawn(group, rank, bundle) for rank in range(self.num_processes)]
+            env = forwarded_env()
+            hosts = [self._spawn(group, rank, plan, env) for rank in range(self.num_processes)]
             try:
                 self._process_info = self._join(hosts)
+                self._check_nodes(plan)
                 self._import_user_modules(hosts)
             except BaseException:
                 self._kill(hosts)
@@ -174,14 +188,16 @@ class ResourcePool:
                 f"devices_per_process={self.requested_devices_per_process} (use num_processes instead)"
             )
 
-    def _spawn(self, group: Any, rank: int, bundle: dict[str, float]) -> Any:
+    def _spawn(self, group: Any, rank: int, plan: BundlePlan, env: dict[str, str]) -> Any:
         actor_cls = ray.remote(ProcessHost)
         return actor_cls.options(
-            num_cpus=bundle.get("CPU", 0),
-            num_gpus=bundle.get("GPU", 0),
+            num_cpus=plan.process_resources.get("CPU", 0),
+            num_gpus=plan.process_resources.get("GPU", 0),
             max_concurrency=1,
             max_restarts=0,
-            scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=rank),
+            scheduling_strategy=PlacementGroupSchedulingStrategy(
+                group, placement_group_bundle_index=plan.bundle_of_rank[rank]),
+            runtime_env={"env_vars": env},  # a node started by `ray start` has its own environment
         ).remote(self.name, rank, self.num_processes, self.platform, self.devices_per_process)
 
     def _join(self, hosts: list[Any]) -> list[dict[str, Any]]:
@@ -205,6 +221,20 @@ class ResourcePool:
                     f"processes / {item['device_count']} devices, expected {self.num_processes} / {expected}"
                 )
         return info
+
+    def _check_nodes(self, plan: BundlePlan) -> None:
+        """A pinned pool's ranks sit ``processes_per_bundle`` to a node on ``nnodes`` distinct nodes."""
+        if plan.nnodes is None:
+            return
+        nodes_of_bundle: dict[int, set[str]] = {}
+        for rank, info in enumerate(self._process_info):
+            nodes_of_bundle.setdefault(plan.bundle_of_rank[rank], set()).add(info["node_id"])
+        distinct = {node for nodes in nodes_of_bundle.values() for node in nodes}
+        if len(distinct) != plan.nnodes or any(len(nodes) != 1 for nodes in nodes_of_bundle.values()):
+            raise ControllerError(
+                f"ResourcePool {self.name!r}: asked for nnodes={plan.nnodes} with {plan.processes_per_bundle} "
+                f"processes each, but the ranks landed on nodes {[i['node_id'][:8] for i in self._process_info]}"
+            )
 
     def _import_user_modules(self, hosts: list[Any]) -> None:
         if self.imports:

@@ -5,6 +5,9 @@
   shared processes) or get their own pool (concurrent stages);
 * the reward/cost models likewise with ``placement.reward``.
 
+The actor pool spans ``trainer.nnodes`` Ray nodes when that is set (``placement.num_processes / nnodes``
+processes on each; `jaxrl_hf.config.cluster`); a critic or reward pool of its own goes wherever it fits.
+
 Every pool's processes import the config's ``imports`` before any worker is created in them.
 """
 
@@ -24,6 +27,17 @@ def actor_role_name(config: RunConfig) -> str:
     return "actor_rollout_ref" if needs_ref else "actor_rollout"
 
 
+def make_pool(config: RunConfig, name: str, pool_cfg: PoolConfig | None = None) -> ResourcePool:
+    """The (not yet started) pool ``name``: the actor pool from ``placement`` and ``trainer.nnodes``, a
+    separate critic/reward pool from its ``pool_cfg``."""
+    p = config.placement
+    procs = pool_cfg.num_processes if pool_cfg else p.num_processes
+    devices = pool_cfg.devices_per_process if pool_cfg else p.devices_per_process
+    return ResourcePool(name, procs, devices, cpus_per_process=p.cpus_per_process,
+                        nnodes=None if pool_cfg else config.trainer.nnodes,
+                        ready_timeout_s=config.trainer.ray_init_timeout_s, imports=config.imports)
+
+
 class RoleBuilder(contextlib.AbstractContextManager):
     """Creates the pools and groups of a run; ``close()`` shuts down every pool it started."""
 
@@ -32,11 +46,7 @@ class RoleBuilder(contextlib.AbstractContextManager):
         self.pools: list[ResourcePool] = []
 
     def _pool(self, name: str, pool_cfg: PoolConfig | None = None) -> ResourcePool:
-        p = self.config.placement
-        procs = pool_cfg.num_processes if pool_cfg else p.num_processes
-        devices = pool_cfg.devices_per_process if pool_cfg else p.devices_per_process
-        pool = ResourcePool(name, procs, devices, cpus_per_process=p.cpus_per_process,
-                            ready_timeout_s=self.config.trainer.ray_init_timeout_s, imports=self.config.imports)
+        pool = make_pool(self.config, name, pool_cfg)
         self.pools.append(pool)
         return pool
 
