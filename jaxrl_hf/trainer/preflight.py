@@ -160,7 +160,8 @@ def full_facts(config: RunConfig, *, probe_vllm_anyway: bool = False,
                start_local_ray: bool = False) -> tuple[Facts, dict[str, Any]]:
     """`quick_facts` plus what JAX, torch, vLLM (when used or asked for) and Ray see; and a report dict."""
     facts = quick_facts()
-    report: dict[str, Any] = {"versions": facts.versions, "nvidia_smi": facts.nvidia_gpus}
+    report: dict[str, Any] = {"versions": facts.versions, "nvidia_smi": facts.nvidia_gpus,
+                              "host_memory": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")}
     probe_jax(facts, report)
     probe_torch(facts, report)
     if config.rollout.name == "vllm" or probe_vllm_anyway:
