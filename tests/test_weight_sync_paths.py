@@ -153,3 +153,18 @@ def test_sleep_meter_accounts_freed_and_regained_bytes():
     assert meter.metrics() == {}  # reset after reporting
     host = SleepMeter("cpu", free_bytes=lambda device: pytest.fail("nothing is measured on the host"))
     assert host.measure("sleep", lambda: 7) == 7 and host.metrics() == {}
+
+
+def test_device_replication_used_across_processes_runs_on_one_process_mesh():
+    """`gather_multihost`'s device branch (several JAX processes on GPUs): replicate over the leaf's mesh, then
+    take this process's copy on vLLM's device. Its two steps, on a one-process CPU mesh."""
+    from jaxrl_hf.rollout.weight_sync import _identity, _replica_on
+
+    x = np.arange(48, dtype=np.float32).reshape(8, 6)
+    sharded = jax.device_put(x, NamedSharding(_mesh(), P("dp", "tp")))
+    full = jax.jit(_identity, out_shardings=NamedSharding(_mesh(), P()))(sharded)
+    local = _replica_on(full, 5)
+    assert local.sharding.device_set == {jax.devices()[5]}
+    np.testing.assert_array_equal(np.asarray(local), x)
+    tensor, plan = leaf_to_torch(local, HOST)  # then the ordinary path: one buffer, aliased
+    assert plan.path == "host_view" and tensor.data_ptr() == local.unsafe_buffer_pointer()

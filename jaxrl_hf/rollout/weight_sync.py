@@ -117,6 +117,11 @@ def leaf_to_torch(x: Any, target: SyncTarget = HOST) -> tuple[Any, TransferPlan]
     return tensor, plan
 
 
+def _identity(x: Any) -> Any:
+    """A module-level function, so the all-gather programs compiled per leaf shape are cached across syncs."""
+    return x
+
+
 def gather_multihost(params: Any, target: SyncTarget = HOST) -> Any:
     """``params`` with every leaf not fully addressable from this process (a mesh over several JAX
     processes) gathered whole into this process (a collective: every process must call this at the same
@@ -134,7 +139,7 @@ def gather_multihost(params: Any, target: SyncTarget = HOST) -> Any:
 
         def replicate(x: Any) -> Any:
             if isinstance(x, jax.Array) and not x.is_fully_addressable:
-                full = jax.jit(lambda a: a, out_shardings=NamedSharding(x.sharding.mesh, PartitionSpec()))(x)
+                full = jax.jit(_identity, out_shardings=NamedSharding(x.sharding.mesh, PartitionSpec()))(x)
                 return _replica_on(full, target.device)  # this process's copy on vLLM's device
             return x
 
