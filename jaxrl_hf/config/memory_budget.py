@@ -116,7 +116,8 @@ def memory_budget(config: RunConfig, environ: Mapping[str, str] | None = None, *
     preallocate = mem.preallocate if preallocate is None else preallocate
     from_env = _env_float(environ, ENV_MEM_FRACTION)
     if allocator == "platform":
-        jax_fraction, jax_source = None, f"allocator from {'environment ' + ENV_ALLOCATOR if ENV_ALLOCATOR in environ else 'placement.memory.allocator'}"
+        where = f"environment {ENV_ALLOCATOR}" if ENV_ALLOCATOR in environ else "placement.memory.allocator"
+        jax_fraction, jax_source = None, f"allocator from {where}"
     elif from_env is not None:
         jax_fraction, jax_source = from_env, f"environment {ENV_MEM_FRACTION}"
     elif mem.jax_fraction is not None:

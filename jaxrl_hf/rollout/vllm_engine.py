@@ -13,7 +13,8 @@ Lifecycle (the HybridFlow "hybrid engine": one process holds both the trainer an
      no weights are read from disk. The first ``set_params`` (called by ``__init__``) loads the real ones.
   2. ``set_params(params)``: wake up if asleep, convert the flax tree to HF names/layout
      (``weight_sync.hf_weight_stream``: DLPack views of the JAX buffers on vLLM's device, a gather only for
-     sharded leaves; path per leaf from ``sync_plan``, GPU paths not run on hardware) and push it through the worker's ``reload_weights`` (``collective_rpc``), which runs the
+     sharded leaves; path per leaf from ``sync_plan``, GPU paths not run on hardware) and push it through
+     the worker's ``reload_weights`` (``collective_rpc``), which runs the
      model's own ``load_weights`` (fusing q/k/v into ``qkv_proj`` and gate/up into ``gate_up_proj``) and
      re-runs ``process_weights_after_loading`` into the engine's existing tensors (plus the tied LM head,
      which vLLM's reload skips: ``_reprocess_tied_lm_head``). No disk round trip.

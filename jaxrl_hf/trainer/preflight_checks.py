@@ -83,8 +83,10 @@ def installed_jax_plugins(facts: Facts) -> dict[int, tuple[str | None, str | Non
 
 
 def _torch_is_cpu_build(facts: Facts) -> bool:
-    torch = facts.versions.get("torch") or ""
-    return "+cpu" in torch or facts.torch_cuda_version is None and facts.torch_cuda_devices is not None
+    """A ``+cpu`` wheel, or (when torch was imported) a build without CUDA."""
+    if "+cpu" in (facts.versions.get("torch") or ""):
+        return True
+    return facts.torch_cuda_devices is not None and facts.torch_cuda_version is None
 
 
 def requirement_satisfied(requirement: str, version: str) -> bool:
@@ -156,7 +158,7 @@ def find_problems(facts: Facts, config: RunConfig) -> list[Problem]:
                     "(driver too old, CUDA libraries missing)"))
         driver = _major(facts.nvidia_gpus[0].get("driver")) if facts.nvidia_gpus else None
         need = MIN_DRIVER_FOR_CUDA[CUDA_MAJOR]
-        if driver is not None and driver < need and (13 in plugins or "+cpu" not in (facts.versions.get("torch") or "")):
+        if driver is not None and driver < need:
             problems.append(Problem(
                 f"NVIDIA driver {facts.nvidia_gpus[0].get('driver')} runs CUDA < {CUDA_MAJOR}, but torch "
                 f"{TESTED_STACK['torch']}, vLLM {TESTED_STACK['vllm']} and jax-cuda{CUDA_MAJOR}-plugin are CUDA "
