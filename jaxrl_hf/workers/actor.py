@@ -385,6 +385,8 @@ class ActorRolloutRefWorker(Worker):
             start = time.perf_counter()
             self.engine.set_params(self.state.params)  # vLLM: the in-place weight sync
             metrics["timing_s/weight_sync"] = time.perf_counter() - start
+            if self.engine_name == "vllm":  # perf/weight_sync_{path,bytes,...}, bytes freed/regained by sleep/wake
+                metrics.update(self.engine.sync_metrics())
         if self.offload is not None:
             self.state = self.offload.offload(self.state)
             metrics["actor/offloaded_optimizer_bytes"] = float(self.offload.freed_bytes)
