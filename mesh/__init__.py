@@ -7,10 +7,12 @@ Modules, one concern each:
   rules              the one resolver: logical-axis rules -> PartitionSpec / NamedSharding trees
   synthetic          Llama-like synthetic param trees + logical axes (tests, benchmark)
   hybrid_engine      to_generation / to_training, and the HybridFlow-V and DS-Chat baselines
+  chunked_reshard    the low-peak schedule of the reshard: leaf by leaf, layer group by layer group
   hlo_collectives    collectives + per-device bytes parsed from compiled HLO text
   transition_report  compiled-program traffic / peak memory, and timing of a transition
 """
 
+from jaxrl_hf.mesh.chunked_reshard import DEFAULT_LAYERS_PER_GROUP, ChunkedReshard
 from jaxrl_hf.mesh.device_mesh import (TRAIN_AXES, HybridMeshes, build_hybrid_meshes, build_train_mesh,
                                        build_vanilla_generation_mesh, flat_device_ids, ordered_devices)
 from jaxrl_hf.mesh.hlo_collectives import Collective, CollectiveSummary, parse_collectives, summarize
@@ -29,6 +31,7 @@ from jaxrl_hf.mesh.transition_report import (TransitionAnalysis, analyze_transit
                                              time_transition, tree_bytes_per_device)
 
 __all__ = [
+    "DEFAULT_LAYERS_PER_GROUP", "ChunkedReshard",
     "TRAIN_AXES", "HybridMeshes", "build_hybrid_meshes", "build_train_mesh", "build_vanilla_generation_mesh",
     "flat_device_ids", "ordered_devices", "Collective", "CollectiveSummary", "parse_collectives", "summarize",
     "METHODS", "DeepSpeedChatTransition", "HybridEngine", "VanillaTransition", "delete_tree", "make_transition",

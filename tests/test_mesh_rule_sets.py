@@ -251,8 +251,8 @@ def test_fsdp_step_gathers_params_and_reduce_scatters_grads():
 @pytest.mark.parametrize("label", ["1-4-2->1-2", "2-2-2->1-2", "1-2-4->1-1"])
 def test_hybrid_engine_reshards_an_fsdp_layout_exactly(label):
     """From the fsdp_tp training layout (sharded over dp too) the reshard still lands every generation shard on
-    the reference's values and slices the training shards back bit-identically (byte-exact traffic accounting
-    for fsdp is future work)."""
+    the reference's values and slices the training shards back bit-identically (the byte-exact traffic per
+    layout is checked in test_mesh_hybrid_layouts.py)."""
     gen = parse_config(label)
     axes, shapes = llama_logical_axes(llama_shape("tiny")), llama_param_shapes(llama_shape("tiny"), np.float32)
     engine = HybridEngine(gen, axes, shapes, rule_set="fsdp_tp")
