@@ -218,10 +218,12 @@ class ActorRolloutRefWorker(Worker):
         try:
             multiprocess.check_row_groups(slabs, groups)
         except ValueError as err:
+            sp = (" and each Ulysses group (actor.ulysses_sequence_parallel_size: its devices share rows in training, "
+                  "not in generation)" if self.train.sp > 1 else "")
             raise WorkerConfigError(
                 f"placement.num_processes={jax.process_count()} with placement.generate={self.gen.label()} over "
                 f"placement.train={self.train.label()}: {err}. Keep each training replica's generation micro-DP "
-                "group inside one process (a placement.generate whose micro-DP groups stay on one process), use "
+                f"group{sp} inside one process (a placement.generate whose micro-DP groups stay on one process), use "
                 "placement.num_processes=1, or leave placement.generate unset") from None
 
     @contextlib.contextmanager
