@@ -34,7 +34,7 @@ from jaxrl_hf.mesh.rule_sets import (FSDP, FSDP_SP, FSDP_TP, FSDP_TP_SP, MEGATRO
                                      register_rule_set)
 from jaxrl_hf.mesh.rules import logical_to_shardings, logical_to_spec, logical_to_specs, train_activation_rules
 from jaxrl_hf.mesh.synthetic import LlamaShape, llama_logical_axes, llama_param_shapes, llama_shape, param_bytes
-from jaxrl_hf.mesh.topology import GenParallel, TrainParallel, all_configs, parse_config
+from jaxrl_hf.mesh.topology import GenParallel, TrainParallel, all_configs, parse_config, training_sp_groups
 from jaxrl_hf.models import DecoderConfig, init_params, param_logical_axes, param_shardings
 from jaxrl_hf.workers.common import WorkerConfigError, lm_param_shardings, train_rule_set
 from jaxrl_hf.workers.losses import (ACTOR_SUMMED_METRICS, actor_loss, actor_loss_config, lm_log_prob_fn,
@@ -287,6 +287,12 @@ def test_sp_rule_sets_shard_the_sequence_outside_attention_and_the_heads_inside(
     mesh = build_train_mesh(train)
     assert mesh.axis_names == ("pp", "tp", "dp", "sp") and dict(mesh.shape) == {"pp": 1, "tp": 2, "dp": 2, "sp": 2}
     assert flat_device_ids(mesh) == flat_device_ids(build_train_mesh(TrainParallel(1, 2, 4)))
+    # an sp group: consecutive data-parallel ranks, i.e. ranks p·t apart; the mesh's sp axis holds exactly them
+    assert training_sp_groups(train) == [(0, 2), (1, 3), (4, 6), (5, 7)]
+    along_sp = np.vectorize(lambda d: d.id)(mesh.devices).reshape(-1, 2)
+    assert sorted(tuple(sorted(g)) for g in along_sp.tolist()) == training_sp_groups(train)
+    with pytest.raises(ValueError, match="TrainParallel.sp=3 must divide dp=4"):
+        TrainParallel(1, 2, 4, sp=3)
     sizes = dict(mesh.shape)
     spec = logical_to_spec(("batch", "length", "heads", "head_dim"), SP.activations, shape=(4, 16, 4, 8),
                            axis_sizes=sizes)
