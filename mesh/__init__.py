@@ -32,7 +32,8 @@ from jaxrl_hf.mesh.transition_report import (TransitionAnalysis, analyze_transit
 
 __all__ = [
     "TRAIN_AXES", "TRAIN_SP_AXES", "train_mesh_axes", "HybridMeshes", "build_hybrid_meshes", "build_train_mesh",
-    "build_vanilla_generation_mesh", "flat_device_ids", "ordered_devices", "Collective", "CollectiveSummary", "parse_collectives", "summarize",
+    "build_vanilla_generation_mesh", "flat_device_ids", "ordered_devices", "Collective", "CollectiveSummary",
+    "parse_collectives", "summarize",
     "METHODS", "DeepSpeedChatTransition", "HybridEngine", "VanillaTransition", "delete_tree", "make_transition",
     "shard_bytes_per_device", "MEGATRON", "RULE_SETS", "RuleSet", "get_rule_set", "register_rule_set",
     "rule_set_for_strategy", "Rules", "generation_activation_rules", "generation_param_rules",

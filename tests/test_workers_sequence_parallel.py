@@ -183,19 +183,19 @@ def test_critic_worker_with_sp_matches_without():
 # ------------------------------------------------------------------------------------------ errors
 def test_bad_sizes_are_errors_naming_the_key():
     base = ["placement.devices_per_process=4", "placement.train.dp=4"]
-    with pytest.raises(ConfigError, match=r"'actor.ulysses_sequence_parallel_size'=3: must divide placement.train.dp=4"):
-        load_config("grpo", preset="smoke", overrides=[*base, "actor_rollout_ref.actor.ulysses_sequence_parallel_size=3"])
+    sp_key = "actor_rollout_ref.actor.ulysses_sequence_parallel_size"  # verl's spelling
+    with pytest.raises(ConfigError, match=r"'actor.ulysses_sequence_parallel_size'=3: must divide placement.train.dp"):
+        load_config("grpo", preset="smoke", overrides=[*base, f"{sp_key}=3"])
     with pytest.raises(ConfigError, match=r"'critic.ulysses_sequence_parallel_size'=8: must divide placement.train"):
         load_config("ppo", preset="smoke", overrides=[*base, "critic.ulysses_sequence_parallel_size=8"])
     with pytest.raises(ConfigError, match=r"'ref.ulysses_sequence_parallel_size'=1: the reference runs on the actor's"):
-        load_config("grpo", preset="smoke", overrides=[*base, "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+        load_config("grpo", preset="smoke", overrides=[*base, f"{sp_key}=2",
                                                        "actor_rollout_ref.ref.ulysses_sequence_parallel_size=1"])
     with pytest.raises(ConfigError, match=r"'actor.ppo_mini_batch_size'=1: a mini-batch of 1 prompts x rollout.n=2 = 2 "
                                           r"sequences must split evenly over placement.train.dp/actor.ulysses_seq"):
         load_config("grpo", preset="smoke", overrides=["placement.devices_per_process=8", "placement.train.dp=8",
-                                                       "actor.ulysses_sequence_parallel_size=2",
-                                                       "actor.ppo_mini_batch_size=1"])
-    config = load_config("ppo", preset="smoke", overrides=[*base, "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"])
+                                                       f"{sp_key}=2", "actor.ppo_mini_batch_size=1"])
+    config = load_config("ppo", preset="smoke", overrides=[*base, f"{sp_key}=2"])
     assert (config.actor.ulysses_sequence_parallel_size, config.critic.ulysses_sequence_parallel_size,
             config.ref.ulysses_sequence_parallel_size) == (2, 2, 2)  # the critic and the ref follow the actor
 
@@ -214,6 +214,6 @@ def test_bad_sizes_are_errors_naming_the_key():
                                                 r"that the training mesh \('pp', 'tp', 'dp'\) does not have"):
         make(ActorRolloutRefWorker, worker_config(actor={"strategy": "sp"}), "ref")
     heads = worker_config(actor={"ulysses_sequence_parallel_size": 8})  # 4 query heads cannot split over 8
-    with pytest.raises(WorkerConfigError, match=r"actor.ulysses_sequence_parallel_size=8: the model's 4 attention heads "
-                                                r"do not split over placement.train.tp·sp = 1·8 devices"):
+    with pytest.raises(WorkerConfigError, match=r"actor.ulysses_sequence_parallel_size=8: the model's 4 attention "
+                                                r"heads do not split over placement.train.tp·sp = 1·8 devices"):
         make(ActorRolloutRefWorker, heads, "ref").init_model()

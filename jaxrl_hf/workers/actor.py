@@ -321,7 +321,8 @@ class ActorRolloutRefWorker(Worker):
         chunk = per_device * self.dp_devices // self.dp_processes
         program = functools.partial(_log_probs_program, log_prob_fn=self.log_prob_fn)
         inputs = pad_sequences_to({k: batch[k] for k in LOG_PROB_INPUTS}, self.train.sp)
-        logp, ent = chunked_apply(program, params, inputs, chunk, self.mesh, self.dp_processes, jnp.float32(temperature))
+        logp, ent = chunked_apply(program, params, inputs, chunk, self.mesh, self.dp_processes,
+                                  jnp.float32(temperature))
         if "response_mask" in batch:
             valid = np.asarray(batch["response_mask"]) != 0
             logp, ent = logp * valid, ent * valid

@@ -149,8 +149,8 @@ def check_sequence_parallel_heads(config: DecoderConfig, train: meshlib.TrainPar
     need not: attention repeats them, `jaxrl_hf.models.llama.kv_head_repeats`). ``key``: the sp config key."""
     if train.sp > 1 and config.num_attention_heads % (train.tp * train.sp):
         raise WorkerConfigError(f"{key}={train.sp}: the model's {config.num_attention_heads} attention heads do not "
-                                f"split over placement.train.tp·sp = {train.tp}·{train.sp} devices (Ulysses splits the "
-                                "heads inside attention); choose sp with num_attention_heads divisible by tp·sp")
+                                f"split over placement.train.tp·sp = {train.tp}·{train.sp} devices (Ulysses splits "
+                                "the heads inside attention); choose sp with num_attention_heads divisible by tp·sp")
 
 
 SEQUENCE_COLUMNS = ("input_ids", "attention_mask", "position_ids")
@@ -160,8 +160,8 @@ def pad_sequences_to(arrays: Mapping[str, np.ndarray], multiple: int) -> dict[st
     """Left-pad the token columns (`SEQUENCE_COLUMNS`, ``[rows, P+R]``) with zeros until their width divides
     ``multiple`` (the Ulysses size: each device holds ``1/sp`` of the sequence). An ``attention_mask`` of 0 is
     padding, never attended, and the response stays the last ``R`` columns, so every output is unchanged."""
-    width = next(np.shape(arrays[k])[-1] for k in SEQUENCE_COLUMNS if k in arrays)
-    extra = (-width) % multiple
+    width = next((np.shape(arrays[k])[-1] for k in SEQUENCE_COLUMNS if k in arrays), None)
+    extra = 0 if width is None else (-width) % multiple
     if not extra:
         return dict(arrays)
     out = dict(arrays)

@@ -37,9 +37,9 @@ def generation_parallel(placement: PlacementConfig, train: meshlib.TrainParallel
     means the training one). A rule set sharding them over ``dp`` (``fsdp``) always gets a layout (``d_g = 1``
     when equal): each rollout gathers the params over ``dp`` and frees them after, instead of the engine holding
     a second, gathered copy. So does sequence-parallel training (``train.sp > 1``): generation does not split
-    sequences, and its mesh spreads the rows over the whole data-parallel world (``dp·sp`` devices). Each generation size must divide the training size (the paper's grouping takes
-    generation groups at the integral strides ``p/p_g``, ``t/t_g``); errors name the key and list the valid
-    values."""
+    sequences, and its mesh spreads the rows over the whole data-parallel world (``dp·sp`` devices). Each
+    generation size must divide the training size (the paper's grouping takes generation groups at the integral
+    strides ``p/p_g``, ``t/t_g``); errors name the key and list the valid values."""
     sizes = {}
     for name, train_size in (("pp", train.pp), ("tp", train.tp)):
         value = getattr(placement.generate, name)
