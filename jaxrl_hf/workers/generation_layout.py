@@ -39,9 +39,10 @@ def generation_parallel(placement: PlacementConfig, train: meshlib.TrainParallel
     training pp/tp and the training ``rule_set`` keeps the params whole over ``dp`` (no reshard; an unset size
     means the training one). A rule set sharding them over ``dp`` (``fsdp``) always gets a layout (``d_g = 1``
     when equal): each rollout gathers the params over ``dp`` and frees them after, instead of the engine holding
-    a second, gathered copy. Each generation size must divide the training size (the paper's grouping takes
-    generation groups at the integral strides ``p/p_g``, ``t/t_g``); errors name the key and list the valid
-    values."""
+    a second, gathered copy. So does sequence-parallel training (``train.sp > 1``): generation does not split
+    sequences, and its mesh spreads the rows over the whole data-parallel world (``dp·sp`` devices). Each
+    generation size must divide the training size (the paper's grouping takes generation groups at the integral
+    strides ``p/p_g``, ``t/t_g``); errors name the key and list the valid values."""
     sizes = {}
     for name, train_size in (("pp", train.pp), ("tp", train.tp)):
         value = getattr(placement.generate, name)
@@ -53,7 +54,8 @@ def generation_parallel(placement: PlacementConfig, train: meshlib.TrainParallel
                 f"{where}.generate.{name}={value!r}: must divide {where}.train.{name}={train_size} "
                 f"(3D-HybridEngine, HybridFlow §2.5); valid: {valid}")
         sizes[name] = int(value)
-    if (sizes["pp"], sizes["tp"]) == (train.pp, train.tp) and "dp" not in rule_set.param_mesh_axes():
+    if (sizes["pp"], sizes["tp"]) == (train.pp, train.tp) and "dp" not in rule_set.param_mesh_axes() \
+            and train.sp == 1:
         return None
     return meshlib.GenParallel(train, sizes["pp"], sizes["tp"])
 
