@@ -282,35 +282,40 @@ def _contiguous_runs(segments: Array) -> tuple[Array, Array, Array]:
     return start, length, one_run
 
 
+def prefix_length_attention(q: Array, k: Array, v: Array, segments: Array, scale: float,
+                            implementation: str = "cudnn") -> Array:
+    """Causal self-attention through ``jax.nn.dot_product_attention`` with the padding given as sequence
+    lengths, valid when every row's tokens are one contiguous run of one segment id (`_contiguous_runs`):
+    each row is rotated so its run starts at slot 0, attended with the run length as its query and key
+    length, and rotated back; padded queries give 0. ``implementation="xla"`` runs the same on any backend."""
+    b, t, kh, g, d = q.shape
+    start, length, _ = _contiguous_runs(segments.astype(jnp.int32))
+    length = jnp.maximum(length, 1)  # an all-padding row attends token 0 to itself; its output is zeroed
+    take = lambda x, idx: jnp.take_along_axis(x, idx.reshape(idx.shape + (1,) * (x.ndim - 2)), axis=1)  # noqa: E731
+    rotate = (jnp.arange(t)[None] + start[:, None]) % t  # slot s of row r <- token (s + start_r) mod T
+    out = jax.nn.dot_product_attention(
+        take(q, rotate).reshape(b, t, kh * g, d), take(k, rotate), take(v, rotate), scale=scale, is_causal=True,
+        query_seq_lengths=length, key_value_seq_lengths=length, implementation=implementation)
+    out = take(out.reshape(b, t, kh, g, d), (jnp.arange(t)[None] - start[:, None]) % t)
+    return jnp.where((segments != 0)[:, :, None, None, None], out, jnp.zeros((), out.dtype))
+
+
 def cudnn_attention(q: Array, k: Array, v: Array, segments: Array, scale: float) -> Array:
     """cuDNN fused flash attention (``jax.nn.dot_product_attention(..., implementation="cudnn")``, causal).
 
     jax 0.10.2's public API expresses masks only as ``is_causal`` plus per-row *prefix* lengths
     (``query_seq_lengths`` / ``key_value_seq_lengths``); anything else needs a dense ``[B, N, T, S]`` ``mask``
-    (turned into a dense bias), i.e. the ``[T, T]`` array this module avoids. So: when every row's tokens
-    form one contiguous run of one segment id (left and/or right padding), each row is rotated so the run
-    starts at 0, attended with its length as the sequence length, and rotated back; padded rows give 0.
-    Packed segments (ids > 1 in a row) or gaps cannot be expressed, and the batch takes `blockwise_attention`
-    instead (a ``lax.cond`` on the data, both compiled).
+    (turned into a dense bias), i.e. the ``[T, T]`` array this module avoids. So rows whose tokens form one
+    contiguous run of one segment id (left and/or right padding) go through `prefix_length_attention`;
+    packed segments (several ids in a row) or gaps cannot be expressed that way, and a batch holding such a
+    row takes `blockwise_attention` instead (a ``lax.cond`` on the data; both branches are compiled).
     """
     reason = cudnn_usable(q.dtype, q.shape[-1])
     if reason is not None:
         raise ValueError(f"{CONFIG_KEY}='cudnn' is not usable: {reason}; use 'auto', 'blockwise' or 'eager'")
-    b, t, kh, g, d = q.shape
-    start, length, one_run = _contiguous_runs(segments.astype(jnp.int32))
-
-    def fused() -> Array:
-        rotate = (jnp.arange(t)[None] + start[:, None]) % t  # row r, slot s <- token (s + start_r) mod T
-        take = lambda x, idx: jnp.take_along_axis(x, idx.reshape(idx.shape + (1,) * (x.ndim - 2)), axis=1)  # noqa: E731
-        out = jax.nn.dot_product_attention(
-            take(q, rotate).reshape(b, t, kh * g, d), take(k, rotate), take(v, rotate), scale=scale,
-            is_causal=True, query_seq_lengths=jnp.maximum(length, 1), key_value_seq_lengths=jnp.maximum(length, 1),
-            implementation="cudnn")
-        back = (jnp.arange(t)[None] - start[:, None]) % t
-        out = take(out.reshape(b, t, kh, g, d), back)
-        return jnp.where((segments != 0)[:, :, None, None, None], out, jnp.zeros((), out.dtype))
-
-    return jax.lax.cond(one_run, fused, lambda: blockwise_attention(q, k, v, segments, scale))
+    one_run = _contiguous_runs(segments.astype(jnp.int32))[2]
+    return jax.lax.cond(one_run, lambda: prefix_length_attention(q, k, v, segments, scale, "cudnn"),
+                        lambda: blockwise_attention(q, k, v, segments, scale))
 
 
 # ------------------------------------------------------------------------------------------ dispatch
