@@ -124,7 +124,7 @@ def _block(x: Array, index: Array, size: int) -> Array:
     return jax.lax.dynamic_slice_in_dim(x, index * size, size, axis=1)
 
 
-def _block_probs(qb: Array, kb: Array, q_seg: Array, kv_seg: Array, q_start: Array, kv_start: Array,
+def _block_scores(qb: Array, kb: Array, q_seg: Array, kv_seg: Array, q_start: Array, kv_start: Array,
                  scale: float) -> tuple[Array, Array]:
     """Scaled scores ``[B, K, G, bq, bk]`` (f32, masked entries ``NEG_INF``) and their mask."""
     mask = segment_mask(q_seg, kv_seg, q_start, kv_start)[:, None, None]
@@ -151,7 +151,7 @@ def _flash_forward(q: Array, k: Array, v: Array, segments: Array, scale: float, 
 
         def key_block(j: Array, carry: tuple[Array, Array, Array]) -> tuple[Array, Array, Array]:
             m, l, acc = carry
-            scores, mask = _block_probs(qb, _block(k, j, block_k), q_seg, _block(segments, j, block_k),
+            scores, mask = _block_scores(qb, _block(k, j, block_k), q_seg, _block(segments, j, block_k),
                                         i * block_q, j * block_k, scale)
             m_new = jnp.maximum(m, scores.max(-1))
             p = jnp.where(mask, jnp.exp(scores - m_new[..., None]), 0.0)
@@ -189,7 +189,7 @@ def _flash_backward(q: Array, k: Array, v: Array, segments: Array, out: Array, l
         def query_block(i: Array, carry: tuple[Array, Array, Array]) -> tuple[Array, Array, Array]:
             dk, dv, dq = carry
             qb, dob = _block(q, i, block_q), _block(d_out, i, block_q)
-            scores, mask = _block_probs(qb, kb, _block(segments, i, block_q), kv_seg, i * block_q, j * block_k,
+            scores, mask = _block_scores(qb, kb, _block(segments, i, block_q), kv_seg, i * block_q, j * block_k,
                                         scale)
             row = lambda x: _block(x, i, block_q).transpose(0, 2, 3, 1)[..., None]  # noqa: E731  [B,K,G,bq,1]
             p = jnp.where(mask, jnp.exp(scores - row(lse)), 0.0)

@@ -132,7 +132,8 @@ class RewardModel:
         return float(self.score_batch([(prompt, response)], batch_size=1)[0])
 
 
-def load_reward_model(path: str | os.PathLike, dtype: str = "float32", attn_implementation: str = "auto") -> RewardModel:
+def load_reward_model(path: str | os.PathLike, dtype: str = "float32",
+                      attn_implementation: str = "auto") -> RewardModel:
     """Load a directory written by ``save_reward_model`` (``dtype`` = compute dtype; params stay float32;
     ``attn_implementation`` as ``model.attn_implementation``)."""
     path = os.fspath(path)
