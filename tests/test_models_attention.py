@@ -260,24 +260,26 @@ def test_config_keys():
 
 
 @pytest.mark.skipif(len(jax.devices()) < 8, reason="needs XLA_FLAGS=--xla_force_host_platform_device_count=8")
-def test_blockwise_grads_on_a_dp_tp_mesh_equal_single_device_eager():
-    """The custom-VJP loops partition over batch (dp) and kv heads (tp) like the eager einsums."""
+def test_blockwise_grads_under_ulysses_tp_sp_mesh_equal_single_device_eager():
+    """The custom-VJP loops under the ``sp`` rule set on a (tp=2, dp=2, sp=2) training mesh: the sequence is split
+    over sp outside attention and whole inside it (heads over tp·sp), rows over dp."""
+    from jaxrl_hf.mesh.device_mesh import build_train_mesh
+    from jaxrl_hf.mesh.rule_sets import SP
+    from jaxrl_hf.mesh.topology import TrainParallel
     from jaxrl_hf.models import param_shardings
 
-    rules = (("batch", "dp"), ("heads", "tp"), ("kv_heads", "tp"), ("mlp", "tp"), ("vocab", "tp"),
-             ("embed", None), ("layers", None), ("head_dim", None), ("length", None))
-    mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:8]).reshape(4, 2), ("dp", "tp"))
+    mesh = build_train_mesh(TrainParallel(1, 2, 4, sp=2))
     config = tiny_config(num_hidden_layers=1, vocab_size=96)
     params = random_params(config)
     ids = jnp.asarray(np.random.default_rng(4).integers(3, config.vocab_size, (4, 20)), jnp.int32)
     mask = jnp.asarray(np.repeat(_segments("packed")[:, :20], 2, axis=0))
 
     def loss(p, cfg, mesh=None):
-        logits = forward(p, cfg, ids, mask, mesh=mesh, rules=rules if mesh is not None else None)
+        logits = forward(p, cfg, ids, mask, mesh=mesh, rules=SP.activations if mesh is not None else None)
         return jnp.sum(jax.nn.log_softmax(logits)[..., 5] * (mask != 0))
 
     blockwise = dataclasses.replace(config, attn_implementation="blockwise")
-    placed = jax.device_put(params, param_shardings(config, mesh, rules))
+    placed = jax.device_put(params, param_shardings(config, mesh, SP.params))
     got = jax.jit(jax.grad(lambda p: loss(p, blockwise, mesh)))(placed)
     want = jax.jit(jax.grad(lambda p: loss(p, dataclasses.replace(config, attn_implementation="eager"))))(params)
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
