@@ -19,6 +19,10 @@ def critic_enabled(config: RunConfig) -> bool:
     return name in ADV_ESTIMATORS and "values" in adv_estimator_needs(name)
 
 
+def _first_set(value: object, default: object) -> object:
+    return default if value is None else value
+
+
 def resolve_defaults(config: RunConfig) -> RunConfig:
     """A copy of ``config`` with every ``None``-means-derived field filled in."""
     config = resolve_cluster(config)  # a shallow copy: sections below are replaced, never mutated
@@ -41,9 +45,18 @@ def resolve_defaults(config: RunConfig) -> RunConfig:
         or config.actor.ppo_micro_batch_size_per_device,
     )
     actor = config.actor
+    for section in ("rollout", "ref"):  # verl: the log-prob passes follow the actor's dynamic batch size
+        value = getattr(config, section)
+        setattr(config, section, dataclasses.replace(
+            value, log_prob_use_dynamic_bsz=_first_set(value.log_prob_use_dynamic_bsz, actor.use_dynamic_bsz),
+            log_prob_max_token_len_per_gpu=value.log_prob_max_token_len_per_gpu or actor.ppo_max_token_len_per_gpu))
+    critic_budget = config.critic.ppo_max_token_len_per_gpu or actor.ppo_max_token_len_per_gpu
     config.critic = dataclasses.replace(
         config.critic,
         enable=critic_enabled(config),
+        use_dynamic_bsz=_first_set(config.critic.use_dynamic_bsz, actor.use_dynamic_bsz),
+        ppo_max_token_len_per_gpu=critic_budget,
+        forward_max_token_len_per_gpu=config.critic.forward_max_token_len_per_gpu or critic_budget,
         ppo_mini_batch_size=config.critic.ppo_mini_batch_size or actor.ppo_mini_batch_size,
         ppo_micro_batch_size_per_device=config.critic.ppo_micro_batch_size_per_device or actor.ppo_micro_batch_size_per_device,
         ppo_epochs=config.critic.ppo_epochs or actor.ppo_epochs,
