@@ -106,28 +106,39 @@ def test_packed_program_runs_on_dp_by_budget(rollout):
         assert "input_ids" not in s and s["responses"][1:] == (R,)
 
 
-@pytest.mark.parametrize("loss_agg_mode", ["token-mean", "seq-mean-token-sum-norm"])
-def test_update_equals_the_padded_path(rollout, loss_agg_mode):
+def one_update(batch, layout, loss_agg_mode):
+    """Metrics and the parameter change of one ``update_actor`` (two epochs: the second is off-policy, so the
+    clipping is active) from the initial actor."""
+    worker = make(ActorRolloutRefWorker, ("actor_rollout",), layout, loss_agg_mode=loss_agg_mode, ppo_epochs=2)
+    before = [np.asarray(x) for x in jax.tree.leaves(worker.state.params)]
+    worker.set_step(1)
+    metrics = worker.update_actor(batch).meta_info["metrics"]
+    delta = np.concatenate([(np.asarray(x) - b).ravel() for x, b in zip(jax.tree.leaves(worker.state.params), before)])
+    return metrics, delta
+
+
+PADDED_UPDATES = {}
+
+
+@pytest.mark.parametrize("loss_agg_mode, layout", [("token-mean", PACKED), ("token-mean", DYNAMIC_PADDED),
+                                                   ("seq-mean-token-sum-norm", PACKED)],
+                         ids=["token-mean-packed", "token-mean-dynamic_padded", "seq-mean-token-sum-norm-packed"])
+def test_update_equals_the_padded_path(rollout, loss_agg_mode, layout):
     batch = Batch.from_dict({**{k: rollout[k] for k in rollout.keys() if k != "ref_log_prob"},
                              "ref_log_prob": rollout["perturbed_ref"]})
-    metrics, params = [], []
-    for layout in (None, PACKED):  # two epochs: the second is off-policy (clipping active)
-        worker = make(ActorRolloutRefWorker, ("actor_rollout",), layout, loss_agg_mode=loss_agg_mode, ppo_epochs=2)
-        before = [np.asarray(x) for x in jax.tree.leaves(worker.state.params)]
-        worker.set_step(1)
-        metrics.append(worker.update_actor(batch).meta_info["metrics"])
-        params.append(np.concatenate([(np.asarray(x) - b).ravel() for x, b in zip(jax.tree.leaves(worker.state.params),
-                                                                                  before)]))
-    padded, packed = metrics
+    if loss_agg_mode not in PADDED_UPDATES:
+        PADDED_UPDATES[loss_agg_mode] = one_update(batch, None, loss_agg_mode)
+    (padded, padded_delta), (got, delta) = PADDED_UPDATES[loss_agg_mode], one_update(batch, layout, loss_agg_mode)
     for key in ("actor/pg_loss", "actor/grad_norm", "actor/entropy", "actor/kl_loss", "actor/loss"):
-        np.testing.assert_allclose(packed[key], padded[key], rtol=1e-4, atol=1e-7, err_msg=key)
+        np.testing.assert_allclose(got[key], padded[key], rtol=1e-4, atol=1e-7, err_msg=key)
     assert padded["actor/grad_norm"] > 0 and padded["actor/kl_loss"] > 0 and padded["actor/pg_clipfrac"] > 0
     # the parameter updates agree as vectors (element-wise, Adam's g/(|g|+eps) magnifies float noise where g ~ 0)
-    assert np.linalg.norm(params[1] - params[0]) < 1e-3 * np.linalg.norm(params[0])
+    assert np.linalg.norm(delta - padded_delta) < 1e-3 * np.linalg.norm(padded_delta)
     # tokens computed: packed [dp, L] micro-batches waste less than the padded [rows, P + R] layout
-    valid = (batch["attention_mask"] != 0).sum()
-    assert 0 <= packed["actor/padding_ratio"] < 1 - valid / batch["attention_mask"].size
-    assert "actor/padding_ratio" not in padded
+    padding = 1 - (batch["attention_mask"] != 0).sum() / batch["attention_mask"].size
+    assert "actor/padding_ratio" not in padded and 0 <= got["actor/padding_ratio"] < 1
+    if layout is PACKED:
+        assert got["actor/padding_ratio"] < padding
 
 
 def test_critic_values_and_update_equal_the_padded_path(rollout):

@@ -109,8 +109,8 @@ def test_pack_places_every_valid_token_with_restarted_positions():
         np.testing.assert_array_equal(packed["pack_position_ids"][m, d][segment], np.arange(lengths[row]))
     for m in range(4):  # padding: segment 0 past each device's rows
         for d in range(2):
-            used = packing.packed_loads(lengths, slots)[m, d]
-            assert (packed["pack_segment_ids"][m, d][:used] > 0).all() and (packed["pack_segment_ids"][m, d][used:] == 0).all()
+            used, segments = packing.packed_loads(lengths, slots)[m, d], packed["pack_segment_ids"][m, d]
+            assert (segments[:used] > 0).all() and (segments[used:] == 0).all()
 
 
 def test_rows_and_per_token_outputs_round_trip_exactly():

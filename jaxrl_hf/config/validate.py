@@ -90,7 +90,8 @@ def check_batch_arithmetic(config: RunConfig) -> None:
 def check_micro_batching(config: RunConfig) -> None:
     """``use_dynamic_bsz`` passes need a token budget that holds the longest row (verl's keys)."""
     a, r, c = config.actor, config.rollout, config.critic
-    passes = [("actor.use_dynamic_bsz", a.use_dynamic_bsz, "actor.ppo_max_token_len_per_gpu", a.ppo_max_token_len_per_gpu),
+    passes = [("actor.use_dynamic_bsz", a.use_dynamic_bsz, "actor.ppo_max_token_len_per_gpu",
+               a.ppo_max_token_len_per_gpu),
               ("rollout.log_prob_use_dynamic_bsz", r.log_prob_use_dynamic_bsz, "rollout.log_prob_max_token_len_per_gpu",
                r.log_prob_max_token_len_per_gpu),
               ("ref.log_prob_use_dynamic_bsz", config.ref.log_prob_use_dynamic_bsz,

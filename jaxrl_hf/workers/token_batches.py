@@ -53,7 +53,7 @@ def agree_max(*values: int) -> tuple[int, ...]:
 class MicroBatching:
     """One pass's micro-batching: ``dynamic`` (by ``max_token_len`` valid tokens per device, the key named
     ``budget_key``) or ``rows_per_device`` rows; ``remove_padding``: packed. ``valid_tokens`` /
-    ``computed_tokens`` count what the update passes since the last `padding_metrics` ran."""
+    ``computed_tokens`` count the update micro-batches built since the last `padding_metrics`."""
 
     remove_padding: bool
     dynamic: bool
@@ -98,10 +98,11 @@ class MicroBatching:
         return packing.partition_by_rows(len(lengths), self.rows_per_device, devices, skip)
 
     def micro_batches(self, arrays: Mapping[str, np.ndarray], devices: int,
-                      pad_count: bool) -> tuple[dict[str, np.ndarray], np.ndarray]:
+                      pad_count: bool) -> tuple[dict[str, np.ndarray], np.ndarray, tuple[int, int]]:
         """``arrays`` (rows ``[N, ...]``, with ``input_ids``/``attention_mask``/``position_ids``/``responses``)
-        as ``[M, ...]`` micro-batches over ``devices`` local devices, and their ``slots [M, D, r]``: packed
-        (`packing.PACKED_KEYS` replace the token arrays) or padded rows; ``pad_count`` buckets ``M``."""
+        as ``[M, ...]`` micro-batches over ``devices`` local devices, their ``slots [M, D, r]`` (packed:
+        `packing.PACKED_KEYS` replace the token arrays; else padded rows; ``pad_count`` buckets ``M``) and
+        ``(valid tokens, computed token slots)`` of the micro-batches holding rows."""
         mask = np.asarray(arrays["attention_mask"])
         lengths = packing.valid_lengths(mask)
         skip = ~(np.asarray(arrays["response_mask"]) != 0).any(axis=1) if "response_mask" in arrays else None
@@ -120,10 +121,9 @@ class MicroBatching:
         if self.remove_padding:
             out.update(packing.pack_tokens(arrays["input_ids"], mask, arrays["position_ids"], slots, length,
                                            np.asarray(arrays["responses"]).shape[1]))
-        live = (slots != packing.EMPTY).any(axis=(1, 2))
-        self.valid_tokens += int(packing.packed_loads(lengths, slots).sum())
-        self.computed_tokens += int(live.sum()) * devices * (length if self.remove_padding else width * full)
-        return out, slots
+        live = int((slots != packing.EMPTY).any(axis=(1, 2)).sum())
+        per_micro = devices * (length if self.remove_padding else width * full)
+        return out, slots, (int(packing.packed_loads(lengths, slots).sum()), live * per_micro)
 
     def update_micro_batches(self, mini: Mapping[str, np.ndarray], devices: int) -> dict[str, np.ndarray]:
         """One mini-batch from `iterate_minibatches` (``[num_micro, micro_rows, ...]``) as the train step's
@@ -131,7 +131,9 @@ class MicroBatching:
         if not self.active:
             return dict(mini)
         flat = {k: np.asarray(v).reshape(-1, *np.shape(v)[2:]) for k, v in mini.items()}
-        return self.micro_batches(flat, devices, pad_count=self.dynamic)[0]
+        micro, _, (valid, computed) = self.micro_batches(flat, devices, pad_count=self.dynamic)
+        self.valid_tokens, self.computed_tokens = self.valid_tokens + valid, self.computed_tokens + computed
+        return micro
 
     def padding_metrics(self, prefix: str) -> dict[str, float]:
         """``{prefix}padding_ratio``: the share of computed token slots (``[D, L]`` per live packed micro-batch,
@@ -155,8 +157,7 @@ class MicroBatching:
             inputs = {k: v for k, v in arrays.items() if k != "response_mask"}
             return chunked_apply(program, params, inputs, self.rows_per_device * devices, mesh, dp_processes, *extra)
         rows = len(arrays["attention_mask"])
-        micro, slots = self.micro_batches(arrays, devices, pad_count=False)
-        self.valid_tokens = self.computed_tokens = 0
+        micro, slots, _ = self.micro_batches(arrays, devices, pad_count=False)
         pieces = []
         for m in range(slots.shape[0]):
             out = program(params, {k: to_global(v[m], mesh, dp_processes) for k, v in micro.items()}, *extra)
