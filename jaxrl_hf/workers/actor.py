@@ -55,7 +55,7 @@ from jaxrl_hf.workers.losses import (ACTOR_SUMMED_METRICS, actor_loss, actor_los
                                      response_denominator)
 from jaxrl_hf.workers.minibatch import MiniBatchPlan, iterate_minibatches, mean_metrics
 from jaxrl_hf.workers.offload import OptimizerOffload
-from jaxrl_hf.workers.optim import make_optimizer
+from jaxrl_hf.workers.optim import make_optimizer, update_schedule_step
 from jaxrl_hf.workers.protocols import MESH_DP_MERGE
 from jaxrl_hf.workers.train_step import TrainState, init_train_state, make_train_step, train_state_shardings
 
@@ -303,7 +303,8 @@ class ActorRolloutRefWorker(Worker):
         elapsed = time.perf_counter() - start
         meta = {k: v for k, v in batch.meta_info.items() if k != PAD_ROWS_KEY}
         meta.update(result.meta_info)
-        meta.update(gen_timing_s=elapsed, num_generated_tokens=int(result.arrays["response_mask"].sum()))
+        meta.update(gen_timing_s=elapsed, num_generated_tokens=int(result.arrays["response_mask"].sum()),
+                    eos_token_ids=[int(i) for i in self.engine.eos_token_ids])
         return Batch(result.arrays, result.objects, meta)
 
     # ------------------------------------------------------------------------------ log-probs
@@ -375,10 +376,11 @@ class ActorRolloutRefWorker(Worker):
         if self.offload is not None:
             self.state = self.offload.restore(self.state)
         seed = [self.config.rollout.seed, self.global_step, self.mesh_coords().dp_rank]
+        lr_step = np.int32(update_schedule_step(batch.meta_info, self.global_step))  # one lr for the whole call
         collected = []
         for micro in iterate_minibatches(arrays, plan, seed):
             placed = {k: to_global(v, self.mesh, self.dp_processes, micro_axis=True) for k, v in micro.items()}
-            self.state, metrics = self._train_step(self.state, placed)
+            self.state, metrics = self._train_step(self.state, placed, lr_step)
             collected.append(metrics)
         metrics = mean_metrics(collected, prefix="actor/", last=("lr",))
         if self.layout is None:

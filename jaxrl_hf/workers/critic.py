@@ -23,7 +23,7 @@ from jaxrl_hf.workers.common import (LoadedModel, WorkerConfigError, chunked_app
 from jaxrl_hf.workers.losses import (CRITIC_SUMMED_METRICS, critic_loss, critic_loss_config, response_denominator,
                                      value_head_fn)
 from jaxrl_hf.workers.minibatch import MiniBatchPlan, iterate_minibatches, mean_metrics
-from jaxrl_hf.workers.optim import make_optimizer
+from jaxrl_hf.workers.optim import make_optimizer, update_schedule_step
 from jaxrl_hf.workers.train_step import TrainState, init_train_state, make_train_step, train_state_shardings
 
 VALUE_INPUTS = ("input_ids", "attention_mask", "position_ids", "responses")
@@ -125,9 +125,10 @@ class CriticWorker(Worker):
                                    epochs=c.ppo_epochs, shuffle=c.shuffle, where="critic")
         collected = []
         seed = [self.config.rollout.seed, self.global_step, self.mesh_coords().dp_rank, 1]
+        lr_step = np.int32(update_schedule_step(batch.meta_info, self.global_step))  # one lr for the whole call
         for micro in iterate_minibatches(arrays, plan, seed):
             placed = {k: to_global(v, self.mesh, self.dp_processes, micro_axis=True) for k, v in micro.items()}
-            self.state, metrics = self._train_step(self.state, placed)
+            self.state, metrics = self._train_step(self.state, placed, lr_step)
             collected.append(metrics)
         metrics = mean_metrics(collected, prefix="critic/", last=("lr",))
         metrics.pop("critic/loss", None)
