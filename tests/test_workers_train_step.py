@@ -196,12 +196,15 @@ def test_non_finite_gradient_skips_the_update():
 
 
 def _reference_lr(s, lr, warmup, kind, total, ratio):
+    """verl's LambdaLR factors (``get_constant_schedule_with_warmup`` / ``get_cosine_schedule_with_warmup``
+    in verl/utils/torch_functional.py), written out in float64: s/W during warm-up, then 1 or the cosine."""
     if s < warmup:
-        return lr * (s + 1) / warmup
+        return lr * s / max(1, warmup)
     if kind == "constant":
         return lr
     p = min(max((s - warmup) / max(1, total - warmup), 0.0), 1.0)
-    return lr * (ratio + (1 - ratio) * 0.5 * (1 + math.cos(math.pi * p)))
+    coef, intercept = (1 - ratio) * 0.5, (1 + ratio) * 0.5
+    return lr * max(ratio, math.cos(math.pi * p) * coef + intercept)
 
 
 @pytest.mark.parametrize("kind,ratio", [("constant", 0.0), ("cosine", 0.0), ("cosine", 0.1)])
@@ -222,6 +225,23 @@ def test_train_step_uses_the_scheduled_lr():
         seen.append(float(metrics["lr"]))
         assert old.params["table"].is_deleted(), "the state was not donated"
     np.testing.assert_allclose(seen, [_reference_lr(s, 1e-3, 3, "cosine", 6, 0.0) for s in range(5)], rtol=1e-5)
+
+
+def test_schedule_step_sets_the_lr_of_every_update_it_is_given():
+    """verl steps its scheduler once per update_actor call, however many optimizer updates that call takes:
+    the step given to the train step sets the lr; the updates taken so far (state.step) do not."""
+    optim = OptimConfig(lr=1e-3, warmup_steps=2, weight_decay=0.0)
+    step = make_step(loss_config(), optim, grad_clip=1.0)
+    state = init_train_state(toy_params(), make_optimizer(optim, 1.0))
+    seen = []
+    for schedule_step in (0, 0, 0, 1, 1, 1, 2):  # three training steps of 3, 3 and 1 updates
+        before = np.asarray(state.params["table"]).copy()
+        state, metrics = step(state, micro_split(toy_batch(), 2), schedule_step)
+        seen.append(float(metrics["lr"]))
+        if schedule_step == 0:  # lr 0: Adam moves nothing (weight decay is scaled by the lr too)
+            np.testing.assert_array_equal(np.asarray(state.params["table"]), before)
+    assert int(state.step) == 7
+    np.testing.assert_allclose(seen, [0.0] * 3 + [5e-4] * 3 + [1e-3], rtol=1e-6)
 
 
 def test_config_errors_name_the_key():

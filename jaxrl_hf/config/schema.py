@@ -340,6 +340,9 @@ class FilterGroupsConfig:
 
     enable: bool = False
     metric: Literal["acc", "score", "seq_reward", "seq_final_reward"] = "acc"
+    """verl's per-sample columns: ``acc`` and ``score`` as the scoring function returned them (``score`` without
+    the overlong penalty or reward-model score), ``seq_reward`` = Σ ``token_level_scores``, ``seq_final_reward``
+    = Σ ``token_level_rewards`` (after the KL penalty with ``use_kl_in_reward``)."""
     max_num_gen_batches: int = 4
     """Generation rounds per step before giving up with an error (<= 0: unlimited)."""
 
@@ -367,6 +370,9 @@ class AlgorithmConfig:
     kl_penalty: str = "kl"
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
+    overlong_filter: bool = False
+    """DAPO's overlong filtering (§3.4): samples cut off by the length limit (no stop token) are masked out of
+    the actor's loss, so a truncated answer is neither rewarded nor punished. Any algorithm; no verl key."""
     safe_rlhf: SafeRLHFConfig = field(default_factory=SafeRLHFConfig)
 
 
@@ -395,7 +401,8 @@ class TrainerConfig:
     resume_mode: Literal["auto", "disable", "resume_path"] = "auto"
     resume_from_path: Optional[str] = None
     critic_warmup: int = 0
-    """Steps that update only the critic before the actor starts learning."""
+    """The actor starts learning at step ``critic_warmup`` (verl's ``critic_warmup <= global_steps``): steps
+    1..k−1 update only the critic (and no ptx update runs); the actor's lr schedule starts at its first update."""
     balance_batch: bool = True
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl", "tensorboard"])
     progress_bar: bool = True

@@ -15,7 +15,7 @@ import numpy as np
 from jaxrl_hf.controller import Batch
 from jaxrl_hf.trainer.advantage import compute_advantage, safe_rlhf_advantage, update_lagrange
 from jaxrl_hf.trainer.dynamic_sampling import collect_informative_groups
-from jaxrl_hf.trainer.step import StepContext
+from jaxrl_hf.trainer.step import StepContext, merge_metrics
 
 
 def ppo_step(t: StepContext) -> Batch:
@@ -47,15 +47,27 @@ def group_baseline_step(t: StepContext) -> Batch:
 def dapo_step(t: StepContext) -> Batch:
     """DAPO: like GRPO, but with dynamic sampling — refill with new prompt batches until
     ``data.train_batch_size`` groups have mixed outcomes (clip-higher, token-mean and overlong shaping are
-    the actor's and reward manager's config)."""
+    the actor's and reward manager's config; overlong filtering is ``algorithm.overlong_filter``)."""
     fg = t.config.algorithm.filter_groups
     if fg.enable:
         batch, metrics = collect_informative_groups(
-            t.generate_and_score, t.config.data.train_batch_size, t.config.rollout.n, fg.metric, fg.max_num_gen_batches)
+            lambda round_: dapo_generation_round(t, round_), t.config.data.train_batch_size, t.config.rollout.n,
+            fg.metric, fg.max_num_gen_batches)
         t.metrics.update(metrics)
     else:
         batch = t.generate_and_score()
     return critic_free_update(t, batch)
+
+
+def dapo_generation_round(t: StepContext, round_: int) -> Batch:
+    """One round of dynamic sampling: generate and score; filtering on ``seq_final_reward`` also needs the
+    final rewards, so (as verl's DAPO trainer) the KL penalty's log-probs are taken per round, rows unmoved."""
+    batch = t.generate_and_score(round_)
+    if t.config.algorithm.filter_groups.metric == "seq_final_reward":
+        if t.config.algorithm.use_kl_in_reward:
+            batch = t.ref_log_prob(t.old_log_prob(batch, balance=False))
+        batch = t.rewards(batch)
+    return batch
 
 
 def remax_step(t: StepContext) -> Batch:
@@ -65,7 +77,7 @@ def remax_step(t: StepContext) -> Batch:
     with t.timer("gen_max"):
         greedy = t.roles.actor.generate_sequences(Batch(prompts.arrays, prompts.objects,
                                                         {"greedy": True, "n": 1, "global_step": t.step, "seed": 0}))
-    greedy_score = t.reward_fn(greedy)["seq_score"]
+    greedy_score = t.score(greedy, baseline=True)["seq_score"]  # rule + reward model, as the samples
     baseline = np.repeat(np.asarray(greedy_score, np.float32), len(batch) // len(prompts))
     batch = batch.union(Batch.from_dict({"reward_baselines": baseline}))
     t.metrics["critic/reward_baseline/mean"] = float(baseline.mean())
@@ -117,8 +129,9 @@ def cost_view(batch: Batch) -> Batch:
 def ptx_update(t: StepContext) -> None:
     """Pre-training loss as an actor update: with ``old_log_probs`` = the current log-probs the PPO ratio is 1
     inside the clip range, so advantages ≡ ptx_coef make the update's gradient exactly −ptx_coef·∇ log p(text)
-    (the InstructGPT/Safe-RLHF ptx term), taken as a separate optimizer step after the RL update."""
-    if t.config.actor.ptx_coef <= 0 or t.ptx_batch is None:
+    (the InstructGPT/Safe-RLHF ptx term), taken as separate optimizer steps after the RL update, at the lr of
+    this step's RL update (same schedule step), and not at all while the actor is warming up."""
+    if t.config.actor.ptx_coef <= 0 or t.ptx_batch is None or not t.actor_updates():
         return
     ptx = t.ptx_batch(t.step)
     with t.timer("ptx"):
@@ -127,8 +140,11 @@ def ptx_update(t: StepContext) -> None:
         coef = np.float32(t.config.actor.ptx_coef)
         ptx = ptx.union(Batch.from_dict({"old_log_probs": np.asarray(lp["old_log_probs"], np.float32),
                                          "advantages": mask * coef, "returns": mask * coef}))
-        t.roles.actor.update_actor(ptx)
+        out = t.roles.actor.update_actor(Batch(ptx.arrays, ptx.objects, {**ptx.meta_info, **t.actor_update_meta()}))
+    update: dict[str, float] = {}
+    merge_metrics(update, out)
     t.metrics["actor/ptx_nll"] = float(-(np.asarray(lp["old_log_probs"]) * mask).sum() / max(mask.sum(), 1.0))
+    t.metrics["actor/ptx_lr"] = update["actor/lr"]
 
 
 ALGORITHMS: dict[str, Callable[[StepContext], Batch]] = {

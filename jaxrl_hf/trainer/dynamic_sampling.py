@@ -4,6 +4,11 @@ Groups whose samples all got the same ``metric`` (all right or all wrong) carry 
 baseline and only dilute the gradient. ``collect_informative_groups`` keeps generating new prompt batches,
 keeping only the informative groups, until ``target_prompts`` groups are collected; after
 ``max_num_gen_batches`` rounds without enough it raises ``DynamicSamplingError`` with the counts.
+
+The metric (``algorithm.filter_groups.metric``) is one of verl's per-sample columns: ``acc`` and ``score`` as
+the scoring function returned them (``score`` is its raw output: no overlong penalty, no reward-model score),
+``seq_reward`` = Σ_t ``token_level_scores`` (the reward as shaped), ``seq_final_reward`` = Σ_t
+``token_level_rewards`` (after the KL penalty when ``algorithm.use_kl_in_reward``).
 """
 
 from __future__ import annotations
@@ -15,21 +20,30 @@ import numpy as np
 from jaxrl_hf.algos import filter_groups
 from jaxrl_hf.controller import Batch
 
-METRIC_COLUMNS = {"acc": "acc", "score": "seq_score", "seq_reward": "seq_score", "seq_final_reward": "seq_reward"}
+SCORER_COLUMNS = ("acc", "score")
+SUMMED_COLUMNS = {"seq_reward": "token_level_scores", "seq_final_reward": "token_level_rewards"}
 
 
 class DynamicSamplingError(RuntimeError):
     """Not enough informative prompt groups after ``algorithm.filter_groups.max_num_gen_batches`` rounds."""
 
 
-def informative_mask(batch: Batch, metric: str) -> np.ndarray:
-    """``keep [B]``: samples whose group (same ``uid``) has a non-constant ``metric``."""
-    column = METRIC_COLUMNS.get(metric, metric)
+def group_metric(batch: Batch, metric: str) -> np.ndarray:
+    """``[B]`` float32: each sample's ``metric`` (module docstring)."""
+    if metric not in SCORER_COLUMNS and metric not in SUMMED_COLUMNS:
+        raise ValueError(f"algorithm.filter_groups.metric={metric!r}; valid: {[*SCORER_COLUMNS, *SUMMED_COLUMNS]}")
+    column = SUMMED_COLUMNS.get(metric, metric)
     if column not in batch:
         raise KeyError(f"algorithm.filter_groups.metric={metric!r} needs column {column!r}; batch has {batch.keys()}")
+    values = np.asarray(batch[column], np.float32)
+    return values.sum(-1) if metric in SUMMED_COLUMNS else values
+
+
+def informative_mask(batch: Batch, metric: str) -> np.ndarray:
+    """``keep [B]``: samples whose group (same ``uid``) has a non-constant ``metric``."""
     from jaxrl_hf.trainer.advantage import dense_uid
 
-    values = np.asarray(batch[column], np.float32)
+    values = group_metric(batch, metric)
     return np.asarray(filter_groups(values, dense_uid(np.asarray(batch["uid"])), keep_singletons=False), bool)
 
 

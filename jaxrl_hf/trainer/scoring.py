@@ -1,8 +1,10 @@
 """Rewards on the driver: the rule reward manager (``jaxrl_hf.rewards``) turned into Batch columns.
 
-``RewardFunction(config, tokenizer)(batch)`` returns a Batch with ``token_level_scores [B, R]`` (the score on
-the last response token), ``seq_score`` / ``acc`` ``[B]`` (per-sample outcome, used by dynamic sampling and
-validation) and, as objects, ``pred`` (the extracted answer, for maj@N); plus reward metrics in meta_info.
+``RewardFunction(config, tokenizer)(batch)`` returns a Batch with ``token_level_scores [B, R]`` (the reward on
+the last response token), ``seq_score`` ``[B]`` (that reward: the scorer's score with the overlong penalty and
+the reward model's), ``score`` / ``acc`` ``[B]`` (what the scoring function returned, as verl's reward extra
+info; dynamic sampling filters on them) and, as objects, ``pred`` (the extracted answer, for maj@N); plus
+reward metrics in meta_info.
 A learned reward model's ``rm_scores`` (from ``RewardModelWorker.compute_rm_score``) are added to the rule
 score with weight 1 (the rule score is scaled by ``reward_model.rule_weight``).
 """
@@ -44,10 +46,11 @@ class RewardFunction:
         scores = out.token_level_scores.astype(np.float32) * np.float32(self.rule_weight)
         if "rm_scores" in batch:
             scores = scores + np.asarray(batch["rm_scores"], np.float32)
-        acc = np.asarray([float(a) if a is not None else 0.0 for a in out.extras["acc"]], np.float32)
+        acc, raw = ([float(a) if a is not None else 0.0 for a in out.extras[key]] for key in ("acc", "score"))
         preds = [None if p is None else str(p) for p in out.extras.get("pred", [None] * len(batch))]
         return Batch.from_dict(
-            {"token_level_scores": scores, "seq_score": scores.sum(-1), "acc": acc, "pred": preds},
+            {"token_level_scores": scores, "seq_score": scores.sum(-1), "score": np.asarray(raw, np.float32),
+             "acc": np.asarray(acc, np.float32), "pred": preds},
             meta_info={"reward_metrics": dict(out.metrics)},
         )
 

@@ -2,7 +2,12 @@
 computation) timed under its verl stage name and merged into the step's ``Batch``.
 
 The algorithms in ``jaxrl_hf.trainer.algorithms`` read as the paper's control flow; this module holds the
-plumbing: seeds, meta_info, timing, metric collection, critic warm-up, KL in the reward.
+plumbing: seeds, meta_info, timing, metric collection, critic warm-up, KL in the reward, the lr schedule step
+of each update call and overlong filtering.
+
+A stage whose output column is already in the batch (``old_log_probs``, ``ref_log_prob``,
+``token_level_rewards``: DAPO's dynamic sampling takes them per generation round when it filters on the final
+rewards) keeps it rather than computing it again.
 """
 
 from __future__ import annotations
@@ -18,7 +23,9 @@ from jaxrl_hf.controller import Batch
 from jaxrl_hf.trainer.balance import balance_permutation
 from jaxrl_hf.trainer.advantage import KLController, compute_advantage, kl_in_reward
 from jaxrl_hf.trainer.metrics import StageTimer
+from jaxrl_hf.trainer.overlong_filter import overlong_filtered
 from jaxrl_hf.trainer.scoring import RewardFunction
+from jaxrl_hf.workers.optim import LR_SCHEDULE_STEP
 
 UID_STRIDE_STEP = 1_000_000
 UID_STRIDE_ROUND = 10_000
@@ -80,19 +87,22 @@ class StepContext:
             out = self.roles.actor.generate_sequences(prompts)
         return out
 
-    def score(self, batch: Batch) -> Batch:
-        """Rule reward (driver) + reward-model / cost-model scores (workers) -> ``token_level_scores`` etc."""
+    def score(self, batch: Batch, *, baseline: bool = False) -> Batch:
+        """Rule reward (driver) + reward-model / cost-model scores (workers) -> ``token_level_scores`` etc.
+        ``baseline=True`` (ReMax's greedy rollout): the reward alone, as the samples get it (reward model
+        included), without the cost model and without logging its reward metrics."""
         if self.roles.reward_model is not None:
             with self.timer("rm"):
                 batch = batch.union(self.roles.reward_model.compute_rm_score(batch).select(["rm_scores"], []))
-        if self.roles.cost_model is not None:
+        if self.roles.cost_model is not None and not baseline:
             with self.timer("cost"):
                 cost = self.roles.cost_model.compute_rm_score(batch)
             batch = batch.union(Batch.from_dict({"token_level_costs": np.asarray(cost["cost_scores"], np.float32)}))
         with self.timer("reward"):
             scored = self.reward_fn(batch)
-        for key, value in scored.meta_info.get("reward_metrics", {}).items():
-            self.metrics[key] = self.metrics.get(key, 0.0) + value if key.endswith("_count") else value
+        if not baseline:
+            for key, value in scored.meta_info.get("reward_metrics", {}).items():
+                self.metrics[key] = self.metrics.get(key, 0.0) + value if key.endswith("_count") else value
         return batch.union(Batch(scored.arrays, scored.objects, {}))
 
     def generate_and_score(self, round_: int = 0) -> Batch:
@@ -111,10 +121,13 @@ class StepContext:
         out.meta_info["balanced"] = True
         return out
 
-    def old_log_prob(self, batch: Batch) -> Batch:
+    def old_log_prob(self, batch: Batch, *, balance: bool = True) -> Batch:
         """``actor.compute_log_prob`` -> ``old_log_probs`` (+ ``entropys``); with
-        ``actor.rollout_correction.bypass_mode`` the sampler's ``rollout_log_probs`` instead (no pass)."""
-        batch = self.balance(batch)
+        ``actor.rollout_correction.bypass_mode`` the sampler's ``rollout_log_probs`` instead (no pass).
+        ``balance=False`` keeps the row order (a generation round, whose groups must stay adjacent)."""
+        batch = self.balance(batch) if balance else batch
+        if "old_log_probs" in batch:
+            return batch
         if self.config.actor.rollout_correction.bypass_mode:
             if "rollout_log_probs" not in batch:
                 raise KeyError("actor.rollout_correction.bypass_mode needs the rollout's 'rollout_log_probs'; "
@@ -130,7 +143,7 @@ class StepContext:
 
     def ref_log_prob(self, batch: Batch) -> Batch:
         """``ref.compute_ref_log_prob`` -> ``ref_log_prob`` (skipped when no KL term is used)."""
-        if not self.needs_ref():
+        if not self.needs_ref() or "ref_log_prob" in batch:
             return batch
         with self.timer("ref"):
             out = self.roles.actor.compute_ref_log_prob(batch)
@@ -146,6 +159,8 @@ class StepContext:
     # ------------------------------------------------------------------ advantages
     def rewards(self, batch: Batch) -> Batch:
         """``token_level_rewards``: scores, minus β·KL when ``algorithm.use_kl_in_reward``."""
+        if "token_level_rewards" in batch:
+            return batch
         if self.config.algorithm.use_kl_in_reward:
             shaped, kl_metrics = kl_in_reward(batch, self.kl_ctrl, self.config.algorithm.kl_penalty)
             self.metrics.update(kl_metrics)
@@ -159,8 +174,19 @@ class StepContext:
             return batch.union(compute_advantage(batch, self.config.algorithm))
 
     # ------------------------------------------------------------------ updates
+    def actor_updates(self) -> bool:
+        """Whether the actor learns at this step: verl's ``trainer.critic_warmup <= global_steps``, so
+        ``critic_warmup = k`` leaves steps 1..k−1 to the critic alone."""
+        return self.config.trainer.critic_warmup <= self.step
+
+    def actor_update_meta(self) -> dict[str, int]:
+        """meta_info of this step's ``update_actor`` calls (the RL and the ptx update): the actor's lr schedule
+        step, i.e. the steps it has learned in before this one (verl steps the scheduler once per call)."""
+        return {LR_SCHEDULE_STEP: self.step - max(self.config.trainer.critic_warmup, 1)}
+
     def update_critic(self, batch: Batch, critic: Any = None, prefix: str = "critic") -> None:
-        """``critic.update_critic`` (value loss on ``values``/``returns``)."""
+        """``critic.update_critic`` (value loss on ``values``/``returns``) at lr schedule step ``step − 1``."""
+        batch = Batch(batch.arrays, batch.objects, {**batch.meta_info, LR_SCHEDULE_STEP: self.step - 1})
         with self.timer("update_critic" if prefix == "critic" else f"update_{prefix}"):
             out = (critic or self.roles.critic).update_critic(batch)
         metrics: dict[str, float] = {}
@@ -168,9 +194,14 @@ class StepContext:
         self.metrics.update({k.replace("critic/", f"{prefix}/", 1): v for k, v in metrics.items()})
 
     def update_actor(self, batch: Batch) -> None:
-        """``actor.update_actor`` (policy loss), skipped during the critic warm-up steps."""
-        if self.step <= self.config.trainer.critic_warmup:
+        """``actor.update_actor`` (policy loss), skipped during the critic warm-up steps; with
+        ``algorithm.overlong_filter`` the truncated samples are masked out of its loss."""
+        if not self.actor_updates():
             return
+        if self.config.algorithm.overlong_filter:
+            batch, filter_metrics = overlong_filtered(batch)
+            self.metrics.update(filter_metrics)
+        batch = Batch(batch.arrays, batch.objects, {**batch.meta_info, **self.actor_update_meta()})
         with self.timer("update_actor"):
             out = self.roles.actor.update_actor(batch)
         merge_metrics(self.metrics, out)

@@ -58,7 +58,7 @@ from jaxrl_hf.workers.losses import (ACTOR_SUMMED_METRICS, actor_loss, actor_los
                                      response_denominator)
 from jaxrl_hf.workers.minibatch import MiniBatchPlan, iterate_minibatches, mean_metrics
 from jaxrl_hf.workers.offload import OptimizerOffload
-from jaxrl_hf.workers.optim import make_optimizer
+from jaxrl_hf.workers.optim import make_optimizer, update_schedule_step
 from jaxrl_hf.workers.packed_forward import packed_log_prob_fn
 from jaxrl_hf.workers.protocols import MESH_DP_MERGE
 from jaxrl_hf.workers.token_batches import MicroBatching, actor_micro_batching, has_response_tokens
@@ -315,7 +315,8 @@ class ActorRolloutRefWorker(Worker):
         elapsed = time.perf_counter() - start
         meta = {k: v for k, v in batch.meta_info.items() if k != PAD_ROWS_KEY}
         meta.update(result.meta_info)
-        meta.update(gen_timing_s=elapsed, num_generated_tokens=int(result.arrays["response_mask"].sum()))
+        meta.update(gen_timing_s=elapsed, num_generated_tokens=int(result.arrays["response_mask"].sum()),
+                    eos_token_ids=[int(i) for i in self.engine.eos_token_ids])
         return Batch(result.arrays, result.objects, meta)
 
     # ------------------------------------------------------------------------------ log-probs
@@ -391,12 +392,13 @@ class ActorRolloutRefWorker(Worker):
         if self.offload is not None:
             self.state = self.offload.restore(self.state)
         seed = [self.config.rollout.seed, self.global_step, self.mesh_coords().dp_rank]
+        lr_step = np.int32(update_schedule_step(batch.meta_info, self.global_step))  # one lr for the whole call
         collected = []
         update = self.batching["update"]
         for micro in iterate_minibatches(arrays, plan, seed):
             micro = update.update_micro_batches(micro, self.dp_devices // self.dp_processes)  # by tokens/packed
             placed = {k: to_global(v, self.mesh, self.dp_processes, micro_axis=True) for k, v in micro.items()}
-            self.state, metrics = self._train_step(self.state, placed)
+            self.state, metrics = self._train_step(self.state, placed, lr_step)
             collected.append(metrics)
         metrics = {**mean_metrics(collected, prefix="actor/", last=("lr",)), **update.padding_metrics("actor/")}
         if self.layout is None:

@@ -24,7 +24,7 @@ from jaxrl_hf.workers.common import (LoadedModel, WorkerConfigError, check_seque
 from jaxrl_hf.workers.losses import (CRITIC_SUMMED_METRICS, critic_loss, critic_loss_config, response_denominator,
                                      value_head_fn)
 from jaxrl_hf.workers.minibatch import iterate_minibatches, mean_metrics
-from jaxrl_hf.workers.optim import make_optimizer
+from jaxrl_hf.workers.optim import make_optimizer, update_schedule_step
 from jaxrl_hf.workers.packed_forward import packed_value_fn
 from jaxrl_hf.workers.token_batches import critic_micro_batching, has_response_tokens
 from jaxrl_hf.workers.train_step import TrainState, init_train_state, make_train_step, train_state_shardings
@@ -140,10 +140,11 @@ class CriticWorker(Worker):
                                      where="critic")
         collected = []
         seed = [self.config.rollout.seed, self.global_step, self.mesh_coords().dp_rank, 1]
+        lr_step = np.int32(update_schedule_step(batch.meta_info, self.global_step))  # one lr for the whole call
         for micro in iterate_minibatches(arrays, plan, seed):
             micro = update.update_micro_batches(micro, dp_devices // self.dp_processes)  # by tokens and/or packed
             placed = {k: to_global(v, self.mesh, self.dp_processes, micro_axis=True) for k, v in micro.items()}
-            self.state, metrics = self._train_step(self.state, placed)
+            self.state, metrics = self._train_step(self.state, placed, lr_step)
             collected.append(metrics)
         metrics = {**mean_metrics(collected, prefix="critic/", last=("lr",)), **update.padding_metrics("critic/")}
         metrics.pop("critic/loss", None)

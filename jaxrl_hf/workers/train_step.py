@@ -1,6 +1,7 @@
 """The pure training step: micro-batch gradient accumulation, exact global denominators, one optimizer update.
 
-``make_train_step(loss_fn, optim, optimizer=..., ...)`` returns ``step(state, micro_batches) -> (state, metrics)``:
+``make_train_step(loss_fn, optim, optimizer=..., ...)`` returns
+``step(state, micro_batches, schedule_step=None) -> (state, metrics)``:
 
 * ``micro_batches`` is a dict of arrays shaped ``[M, b, ...]`` (``M`` micro-batches of ``b`` rows; the
   ``b`` axis may be sharded over data-parallel devices).
@@ -15,8 +16,11 @@
 * ``live_fn(micro) -> bool`` (optional) marks the micro-batches that hold data: the others (empty micro-batches
   padding the count to a static size, `jaxrl_hf.workers.packing`) are skipped with ``lax.cond`` (no forward or
   backward pass; zero loss, gradient and aux) and left out of the averaged ``aux``.
-* The update: global-norm clipping + AdamW (``optim.make_optimizer``); a non-finite gradient norm skips the
-  update (params, optimizer state and step count unchanged) and is reported as ``skipped = 1``.
+* The update: global-norm clipping + AdamW (``optim.make_optimizer``) at the learning rate of schedule step
+  ``schedule_step`` (`optim.learning_rate`). The workers pass the index of the training step, so every update
+  of one ``update_actor`` / ``update_critic`` call uses that step's lr (verl steps its scheduler once per call);
+  left out, it is ``state.step`` (one schedule step per update). A non-finite gradient norm skips the update
+  (params, optimizer state and step count unchanged) and is reported as ``skipped = 1``.
 * ``state`` is donated: the old parameter and optimizer buffers are reused for the new ones.
 """
 
@@ -29,7 +33,7 @@ import jax.numpy as jnp
 import optax
 
 from jaxrl_hf.config.schema import OptimConfig
-from jaxrl_hf.workers.optim import learning_rate
+from jaxrl_hf.workers.optim import learning_rate, set_learning_rate
 
 LossFn = Callable[[Any, Mapping[str, jax.Array], Any], tuple[jax.Array, Mapping[str, jax.Array]]]
 
@@ -100,13 +104,14 @@ def accumulate_gradients(loss_fn: LossFn, params: Any, micro_batches: Mapping[st
 
 
 def apply_update(state: TrainState, grads: Any, optimizer: optax.GradientTransformation,
-                 optim: OptimConfig) -> tuple[TrainState, dict[str, jax.Array]]:
-    """One optimizer update from summed gradients; skipped (state unchanged) when ‖g‖ is not finite."""
+                 optim: OptimConfig, schedule_step: Any = None) -> tuple[TrainState, dict[str, jax.Array]]:
+    """One optimizer update from summed gradients at the lr of ``schedule_step`` (default ``state.step``);
+    skipped (state unchanged) when ‖g‖ is not finite."""
     grad_norm = optax.global_norm(grads)
     finite = jnp.isfinite(grad_norm)
-    lr = learning_rate(optim, state.step)
+    lr = learning_rate(optim, state.step if schedule_step is None else schedule_step)
     safe_grads = jax.tree.map(lambda g: jnp.where(finite, g, jnp.zeros_like(g)), grads)
-    updates, new_opt = optimizer.update(safe_grads, state.opt_state, state.params)
+    updates, new_opt = optimizer.update(safe_grads, set_learning_rate(state.opt_state, lr), state.params)
     new_params = optax.apply_updates(state.params, updates)
     keep = lambda new, old: jnp.where(finite, new, old)  # noqa: E731
     new_state = TrainState(jax.tree.map(keep, new_params, state.params), jax.tree.map(keep, new_opt, state.opt_state),
@@ -119,18 +124,19 @@ def make_train_step(loss_fn: LossFn, optim: OptimConfig, *, optimizer: optax.Gra
                     summed_aux: tuple[str, ...] = (), donate: bool = True,
                     state_shardings: Any = None, jit: bool = True,
                     live_fn: Callable[[Mapping[str, jax.Array]], jax.Array] | None = None) -> Callable:
-    """The jitted ``step(state, micro_batches) -> (state, metrics)`` described in the module docstring.
+    """The jitted ``step(state, micro_batches, schedule_step=None) -> (state, metrics)`` of the module docstring.
 
     ``metrics``: ``loss`` (exact mini-batch loss), ``grad_norm`` (before clipping), ``lr`` (used for this
     update), ``skipped``, and the averaged ``aux`` entries of ``loss_fn``. ``state_shardings`` (a
     ``TrainState`` of shardings) pins the output layout to the input layout so donation can reuse buffers.
     """
-    def step(state: TrainState, micro_batches: Mapping[str, jax.Array]) -> tuple[TrainState, dict[str, jax.Array]]:
+    def step(state: TrainState, micro_batches: Mapping[str, jax.Array],
+             schedule_step: Any = None) -> tuple[TrainState, dict[str, jax.Array]]:
         denominators = denominator_fn(micro_batches) if denominator_fn is not None else None
         grad_shardings = state_shardings.params if state_shardings is not None else None
         loss, grads, aux = accumulate_gradients(loss_fn, state.params, micro_batches, denominators, summed_aux,
                                                 grad_shardings, live_fn)
-        new_state, update_metrics = apply_update(state, grads, optimizer, optim)
+        new_state, update_metrics = apply_update(state, grads, optimizer, optim, schedule_step)
         return new_state, {"loss": loss, **update_metrics, **aux}
 
     if not jit:
