@@ -1,0 +1,59 @@
+"""The model section of the run configuration (verl's ``actor_rollout_ref.model``): which weights, the compute dtype,
+attention implementation, gradient checkpointing and packing, plus the shape of the ``tiny-random`` model.
+
+Part of the schema in ``jaxrl_hf.config.schema`` (which composes ``RunConfig`` from it); kept apart only to keep
+each file small. Import the classes from either module: it is one class each.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Optional
+
+
+@dataclass
+class TinyModelConfig:
+    """Shape of the ``model.path=tiny-random`` model (smoke tests); the tokenizer is SmolLM2's."""
+
+    vocab_size: int = 49152
+    hidden_size: int = 64
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    intermediate_size: int = 128
+    head_dim: Optional[int] = None
+    """Default ``hidden_size // num_heads``; vLLM's CPU attention needs >= 32 (``rollout.name=vllm``)."""
+    max_position_embeddings: int = 2048
+    pad_token_id: int = 0
+    eos_token_id: int = 2
+    bos_token_id: Optional[int] = 1
+    tie_word_embeddings: bool = False
+
+
+@dataclass
+class ModelConfig:
+    """The policy (and, by default, reference/critic backbone) model."""
+
+    path: str = "smollm2-135m-instruct"
+    """``smollm2-135m-instruct``, an HF directory, a ``.gguf`` file, or ``tiny-random``."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    remat: Literal["none", "full", "dots", "dots_no_batch", "save_attn_out", "save_attn_out_mlp_in",
+                   "dots_no_batch_attn_out"] = "none"
+    """Gradient checkpointing policy of each decoder layer: ``none``; ``full`` (keep only layer inputs, recompute
+    the rest); ``dots`` / ``dots_no_batch`` (keep all / the weight matmul outputs); ``save_attn_out`` (keep the
+    attention output, recompute projections and MLP but not the attention); ``save_attn_out_mlp_in`` (also
+    keep the MLP input); ``dots_no_batch_attn_out`` (weight matmuls and the attention output). See
+    ``jaxrl_hf.models.llama.REMAT_POLICIES``."""
+    enable_gradient_checkpointing: bool = False
+    """verl's switch (``actor_rollout_ref.model.enable_gradient_checkpointing``): ``true`` means ``remat=full``
+    unless ``remat`` names a policy."""
+    attn_implementation: Literal["auto", "eager", "blockwise", "cudnn"] = "auto"
+    """Self-attention without a KV cache: ``eager`` (materialises the [T, T] scores), ``blockwise``
+    (flash-attention-style online softmax in pure JAX, O(T) memory), ``cudnn`` (cuDNN flash attention; GPU,
+    bfloat16/float16), ``auto`` (cudnn where usable, else blockwise above 1024 tokens, else eager). Decoding
+    over the KV cache is always eager. See ``jaxrl_hf.models.attention``."""
+    seed: int = 0
+    use_remove_padding: bool = False
+    """Pack each micro-batch's rows into one sequence per device, no padding between them (verl's key; attention
+    and positions per row): ``jaxrl_hf.workers.packing``. For the critic: ``critic.model``'s, else this one."""
+    tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
