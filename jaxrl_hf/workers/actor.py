@@ -50,23 +50,15 @@ from jaxrl_hf.workers import checkpoint as ckpt
 from jaxrl_hf.workers.common import (LoadedModel, WorkerConfigError, chunked_apply, copy_tokenizer_files,
                                      lm_param_shardings, load_model, reference_params, to_global, train_parallel,
                                      train_rule_set, worker_run_config)
+from jaxrl_hf.workers.actor_programs import LOG_PROB_INPUTS, build_actor_update, log_probs_program
 from jaxrl_hf.workers.generation_layout import GenerationLayout, generation_parallel
-from jaxrl_hf.workers.losses import (ACTOR_SUMMED_METRICS, actor_loss, actor_loss_config, lm_log_prob_fn,
-                                     response_denominator)
+from jaxrl_hf.workers.losses import lm_log_prob_fn
 from jaxrl_hf.workers.minibatch import MiniBatchPlan, iterate_minibatches, mean_metrics
 from jaxrl_hf.workers.offload import OptimizerOffload
-from jaxrl_hf.workers.optim import make_optimizer
 from jaxrl_hf.workers.protocols import MESH_DP_MERGE
-from jaxrl_hf.workers.train_step import TrainState, init_train_state, make_train_step, train_state_shardings
+from jaxrl_hf.workers.train_step import TrainState, init_train_state
 
 ROLES = ("actor_rollout_ref", "actor_rollout", "ref")
-LOG_PROB_INPUTS = ("input_ids", "attention_mask", "position_ids", "responses")
-
-
-@functools.partial(jax.jit, static_argnames=("log_prob_fn",))
-def _log_probs_program(params: Any, micro: Mapping[str, jax.Array], temperature: jax.Array, *,
-                       log_prob_fn: Any) -> tuple[jax.Array, jax.Array]:
-    return log_prob_fn(params, micro, temperature)
 
 
 class ActorRolloutRefWorker(Worker):
@@ -138,19 +130,11 @@ class ActorRolloutRefWorker(Worker):
         if self.has_ref:
             self.ref_params = reference_params(params, config.dtype)
         if self.has_actor:
-            actor = self.config.actor
-            try:
-                self.loss_cfg = actor_loss_config(actor, self.config.rollout.temperature)
-            except ValueError as err:
-                raise WorkerConfigError(f"actor config: {err}") from None
-            self.optim = actor.optim
-            optimizer = make_optimizer(self.optim, actor.grad_clip, where="actor.optim")
-            state_shardings = train_state_shardings(params, shardings, optimizer, self.mesh)
-            self.state = jax.jit(lambda p: init_train_state(p, optimizer), out_shardings=state_shardings)(params)
-            loss_fn = functools.partial(actor_loss, log_prob_fn=self.log_prob_fn, cfg=self.loss_cfg)
-            self._train_step = make_train_step(loss_fn, self.optim, optimizer=optimizer,
-                                               denominator_fn=response_denominator(self.loss_cfg.loss_agg_mode),
-                                               summed_aux=ACTOR_SUMMED_METRICS, state_shardings=state_shardings)
+            update = build_actor_update(self.config.actor, self.config.rollout.temperature, self.log_prob_fn,
+                                        params, shardings, self.mesh)
+            self.loss_cfg, self.optim, self._train_step = update.loss_cfg, update.optim, update.step
+            self.state = jax.jit(lambda p: init_train_state(p, update.optimizer),
+                                 out_shardings=update.state_shardings)(params)
             self.engine = self._build_engine()
             if self.offload is not None:
                 self.state = self.offload.offload(self.state)
@@ -313,7 +297,7 @@ class ActorRolloutRefWorker(Worker):
                 raise KeyError(f"log-prob computation: Batch has no {key!r}; columns: {batch.keys()}")
         per_device = self.config.actor.log_prob_micro_batch_size_per_device
         chunk = per_device * self.dp_devices // self.dp_processes
-        program = functools.partial(_log_probs_program, log_prob_fn=self.log_prob_fn)
+        program = functools.partial(log_probs_program, log_prob_fn=self.log_prob_fn)
         logp, ent = chunked_apply(program, params, {k: batch[k] for k in LOG_PROB_INPUTS}, chunk, self.mesh,
                                   self.dp_processes, jnp.float32(temperature))
         if "response_mask" in batch:

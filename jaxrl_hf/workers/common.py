@@ -142,11 +142,20 @@ def reference_params(params: Any, dtype: str) -> Any:
                                              tree))(params)
 
 
+def abstract_like(x: Any) -> jax.ShapeDtypeStruct:
+    """Shape and dtype of an array, a ``jax.ShapeDtypeStruct`` or anything ``jnp.asarray`` takes."""
+    if hasattr(x, "shape") and hasattr(x, "dtype"):
+        return jax.ShapeDtypeStruct(tuple(x.shape), x.dtype)
+    x = jnp.asarray(x)
+    return jax.ShapeDtypeStruct(x.shape, x.dtype)
+
+
 def param_shardings(params: Any, logical_axes: Any, train_mesh: jax.sharding.Mesh,
                     gen: meshlib.GenParallel | None = None, rule_set: meshlib.RuleSet = meshlib.MEGATRON) -> Any:
-    """``NamedSharding`` tree for ``params`` on the training mesh: ``rule_set``'s param rules ordered for the
-    train -> ``gen`` transition, through the mesh/ resolver (divisibility checked)."""
-    shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), jnp.asarray(x).dtype), params)
+    """``NamedSharding`` tree for ``params`` (arrays or ``jax.ShapeDtypeStruct``s) on the training mesh:
+    ``rule_set``'s param rules ordered for the train -> ``gen`` transition, through the mesh/ resolver
+    (divisibility checked)."""
+    shapes = jax.tree.map(abstract_like, params)
     return meshlib.logical_to_shardings(logical_axes, train_mesh, rule_set.for_transition(gen).params, shapes=shapes)
 
 

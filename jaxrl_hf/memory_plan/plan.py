@@ -1,0 +1,195 @@
+"""`plan_memory`: the per-device memory of a run's actor programs before renting a GPU (MaxText's
+``train_compile.py``, for RL): verl's keys in, a compiled plan out.
+
+Backend: the plan compiles with whatever XLA backend JAX has; this package ships none but XLA:CPU with
+``--xla_force_host_platform_device_count=N`` simulated devices (no jax CUDA plugin is installed, so XLA:GPU
+deviceless compilation is not reachable). How CPU numbers relate to a GPU's: sharding, SPMD partitioning, buffer
+assignment and liveness are XLA-generic, so param, optimizer, argument and output bytes are exact and the
+collectives are those the partitioner inserts (XLA:CPU forms no reduce-scatter: a gradient reduced into its
+shards shows as an all-reduce whose result only the shard keeps); temp bytes can differ, since XLA:GPU fuses
+differently and may call cuDNN's fused attention, which never materialises the ``[T, T]`` scores that the
+plain attention here does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+
+from jaxrl_hf import mesh as meshlib
+from jaxrl_hf.config import load_config
+from jaxrl_hf.config.build import ConfigError
+from jaxrl_hf.config.schema import RunConfig
+from jaxrl_hf.memory_plan import programs as P
+from jaxrl_hf.memory_plan.cost_model import cost_model_inputs, predict
+from jaxrl_hf.memory_plan.report import collective_counts, memory_stats
+from jaxrl_hf.memory_plan.verl_keys import PlanKeys, classify_keys
+from jaxrl_hf.models.known_configs import known_decoder_config
+
+# The plan's defaults, applied before the user's keys: verl's FSDP workers compute in bf16 over float32 params.
+PLAN_DEFAULTS = ("model.dtype=bfloat16",)
+DEFAULT_DEVICE_MEMORY = 80 * 2 ** 30
+
+
+def parse_bytes(text: str) -> int:
+    """``"80GiB"``, ``"80GB"``, ``"1.5TiB"``, ``"85899345920"`` -> bytes; ``ValueError`` naming the text."""
+    units = {"": 1, "b": 1, "kb": 10 ** 3, "mb": 10 ** 6, "gb": 10 ** 9, "tb": 10 ** 12, "kib": 2 ** 10,
+             "mib": 2 ** 20, "gib": 2 ** 30, "tib": 2 ** 40}
+    s = str(text).strip().lower().replace(" ", "")
+    number = s.rstrip("kmgtib")
+    unit = s[len(number):]
+    try:
+        value = float(number)
+    except ValueError:
+        value = None
+    if value is None or unit not in units or value <= 0:
+        raise ValueError(f"--device-memory {text!r}: expected a positive size such as 80GiB, 80GB or 85899345920")
+    return int(value * units[unit])
+
+
+def _cluster_overrides(keys: PlanKeys, devices: int) -> list[str]:
+    """``trainer.nnodes`` × ``trainer.n_gpus_per_node`` must be ``devices`` when given; else one node of them."""
+    nnodes, per_node = keys.raw_value("trainer.nnodes"), keys.raw_value("trainer.n_gpus_per_node")
+    if nnodes is None and per_node is None:
+        return [f"trainer.nnodes=1", f"trainer.n_gpus_per_node={devices}"]
+    try:
+        product = int(nnodes or 1) * int(per_node or 1)
+    except ValueError:
+        raise ValueError(f"trainer.nnodes={nnodes!r} / trainer.n_gpus_per_node={per_node!r}: not integers") from None
+    if product != devices:
+        raise ValueError(f"trainer.nnodes × trainer.n_gpus_per_node = {nnodes or 1} × {per_node or 1} = {product}, "
+                         f"but --devices is {devices}")
+    return []
+
+
+def _generation_tp_overrides(keys: PlanKeys) -> list[str]:
+    """The 3D-HybridEngine generates with ``tp_g`` dividing the training ``tp``: a rollout TP (verl's
+    ``rollout.tensor_model_parallel_size``) that does not divide it raises ``placement.train.tp`` to it (ZeRO-3's
+    ``fsdp`` then resolves to ``fsdp_tp``: params still sharded over every device), noted among the mapped keys."""
+    gen_tp, train_tp = keys.raw_value("placement.generate.tp"), keys.raw_value("placement.train.tp") or "1"
+    if gen_tp is None or gen_tp.strip().lower() in ("null", "none", "~"):
+        return []
+    try:
+        g, t = int(gen_tp), int(train_tp)
+    except ValueError:
+        return []  # the loader names the bad value
+    if g > 0 and t % g:
+        keys.mapped.append(("placement.train.tp", f"{g} (raised from {t}: the generation tp must divide the "
+                                                  "training tp)"))
+        return [f"placement.train.tp={g}"]
+    return []
+
+
+def load_plan_config(args: Sequence[str], devices: int, algo: str = "dapo") -> tuple[RunConfig, PlanKeys]:
+    """The run config the worker would get from verl's ``args`` on ``devices`` devices, and the sorted keys."""
+    keys = classify_keys(list(args))
+    overrides = [*PLAN_DEFAULTS, *_cluster_overrides(keys, devices), *keys.overrides, *_generation_tp_overrides(keys)]
+    try:
+        return load_config(algo, overrides=overrides), keys
+    except ConfigError as err:
+        raise ValueError(str(err)) from None
+
+
+def plan_devices(devices: int) -> list[jax.Device]:
+    """The first ``devices`` devices in rank order; too few raises saying how to get more."""
+    have = meshlib.ordered_devices()
+    if len(have) < devices:
+        raise ValueError(f"the plan needs {devices} devices but JAX has {len(have)}: set "
+                         f"XLA_FLAGS=--xla_force_host_platform_device_count={devices} before jax is imported "
+                         "(launch/plan_memory.py does this from --devices)")
+    return have[:devices]
+
+
+def _ref_bytes(layout: P.ActorLayout) -> int:
+    """The frozen reference copy (model.dtype, training layout: `jaxrl_hf.workers.common.reference_params`)."""
+    dt = np.dtype(layout.model.dtype) if layout.model.dtype != "bfloat16" else jax.numpy.bfloat16
+    shapes = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, dt if jax.numpy.issubdtype(s.dtype, np.floating)
+                                                         else s.dtype), layout.shapes)
+    return P.tree_bytes_per_device(P.abstract(shapes, layout.shardings))
+
+
+@dataclasses.dataclass(frozen=True)
+class Resident:
+    """State held during a program besides its arguments: the Adam moments and the reference copy."""
+
+    optimizer: int
+    ref: int
+
+    def during(self, program: str) -> int:
+        return (0 if program == "update_actor" else self.optimizer) + self.ref
+
+
+def decode_batch(config: RunConfig, setup: P.GenerationSetup, layout: P.ActorLayout, device_memory: int,
+                 resident: int) -> tuple[int, str]:
+    """Sequences each generation replica decodes at once, and what bounded it: the whole rollout (the native
+    engine generates all its rows in one program), capped by ``rollout.max_num_seqs`` and, when
+    ``rollout.gpu_memory_utilization`` is set, by vLLM's rule (its share of the device less the weights and the
+    resident state, over one sequence's KV cache)."""
+    rows = config.data.gen_batch_size * config.rollout.n
+    batch, why = math.ceil(rows / setup.replicas), "all rollout rows (data.gen_batch_size·rollout.n per replica)"
+    if config.rollout.max_num_seqs and config.rollout.max_num_seqs < batch:
+        batch, why = config.rollout.max_num_seqs, "rollout.max_num_seqs"
+    util = config.rollout.gpu_memory_utilization
+    if util:
+        cache_len = sum(layout.seq_lengths)
+        per_seq = P.tree_bytes_per_device(P.kv_cache(layout.model, setup, setup.replicas, cache_len))
+        weights = P.tree_bytes_per_device(P.abstract(layout.shapes, setup.param_shardings))
+        fit = int((util * device_memory - weights - resident) // per_seq)
+        if fit < batch:
+            batch, why = max(fit, 1), (f"rollout.gpu_memory_utilization={util}: KV budget for {fit} sequence(s) "
+                                       "per replica")
+    return batch, why
+
+
+def plan_memory(model: str, devices: int, args: Sequence[str] = (), device_memory_bytes: int = DEFAULT_DEVICE_MEMORY,
+                algo: str = "dapo") -> dict[str, Any]:
+    """Compile the actor's ``update_actor``, ``log_prob`` and ``generate`` for ``model`` (a name in
+    `jaxrl_hf.models.known_configs.KNOWN_HF_CONFIGS` or a ``config.json``) on ``devices`` devices under verl's
+    ``args``; returns the JSON-able report (`jaxrl_hf.memory_plan.report` defines its byte counts)."""
+    config, keys = load_plan_config(args, devices, algo)
+    decoder = known_decoder_config(model, dtype=config.model.dtype, remat=config.model.remat)
+    layout = P.ActorLayout.build(config, decoder, plan_devices(devices))
+    update = P.update_actor_program(layout)
+    ref = _ref_bytes(layout) if (config.actor.use_kl_loss or config.algorithm.use_kl_in_reward) else 0
+    resident = Resident(0 if config.actor.offload_optimizer else update.optimizer_bytes,
+                        0 if keys.offload_ref_params else ref)
+    log_prob = P.log_prob_program(layout)
+    setup = P.generation_setup(layout)
+    batch, why = decode_batch(config, setup, layout, device_memory_bytes, resident.during("generate"))
+    generate = P.generate_program(layout, setup, batch)
+    generate.shapes["decode_batch_limited_by"] = why
+    generate.shapes["waves"] = math.ceil(config.data.gen_batch_size * config.rollout.n / (batch * setup.replicas))
+    gen = layout.gen
+    inputs = cost_model_inputs(decoder, layout.train.pp, layout.train.tp, layout.train.dp,
+                               gen.pp if gen else layout.train.pp, gen.tp if gen else layout.train.tp,
+                               "dp" in layout.rule_set.param_mesh_axes(), config.actor.ppo_micro_batch_size_per_device,
+                               config.actor.log_prob_micro_batch_size_per_device, batch, *layout.seq_lengths)
+    sequences = {"update_actor": config.actor.ppo_mini_batch_size * config.rollout.n,
+                 "log_prob": log_prob.shapes["rows"], "generate": batch}
+    out_programs = {}
+    for program in (update, log_prob, generate):
+        stats = memory_stats(program.compiled)
+        held = resident.during(program.name)
+        out_programs[program.name] = {
+            **stats, "param_bytes_per_device": program.param_bytes, "optimizer_bytes_per_device":
+            program.optimizer_bytes, "resident_bytes_per_device": held,
+            "total_bytes_per_device": stats["peak_bytes_per_device"] + held,
+            "collectives": collective_counts(program.compiled), "shapes": program.shapes,
+            "compile_s": round(program.compile_s, 2),
+            "cost_model": predict(program.name, decoder, inputs, sequences[program.name])}
+    return {
+        "model": model, "num_params": decoder.num_params(), "devices": devices,
+        "device_memory_bytes": int(device_memory_bytes), "backend": jax.default_backend(),
+        "layout": {"train": layout.train.label(), "rule_set": layout.rule_set.name, "generate": setup.label,
+                   "dtype": decoder.dtype, "param_dtype": decoder.param_dtype, "remat": decoder.remat},
+        "offload": {"optimizer": bool(config.actor.offload_optimizer), "params": keys.offload_params,
+                    "ref_params": keys.offload_ref_params},
+        "keys": {"applied": keys.applied, "mapped": keys.mapped, "ignored": keys.ignored,
+                 "not_modelled": keys.not_modelled},
+        "programs": out_programs,
+        "fits": all(p["total_bytes_per_device"] <= device_memory_bytes for p in out_programs.values()),
+    }

@@ -1,0 +1,221 @@
+"""The actor worker's three programs, lowered and compiled ahead of time on abstract arrays.
+
+Every argument is a ``jax.ShapeDtypeStruct`` carrying its ``NamedSharding``: nothing is initialised or
+allocated, so a 70B plan compiles on a laptop. The programs are the worker's own (one code path):
+
+* ``update_actor``: `jaxrl_hf.workers.actor_programs.build_actor_update`'s step (the actor loss, micro-batch
+  gradient accumulation by ``lax.scan``, clipping + AdamW) on one mini-batch of ``[num_micro, micro_rows, T]``
+  columns, the train state laid out by the actor's rule set (``actor.strategy``), donated as in the worker.
+* ``log_prob``: `jaxrl_hf.workers.actor_programs.log_probs_program` on one log-prob micro-batch
+  (``actor.log_prob_micro_batch_size_per_device`` rows per dp shard).
+* ``generate``: one decode step of the native engine (`jaxrl_hf.rollout.jax_engine.decode_step`) on the
+  generation layout (`jaxrl_hf.workers.generation_layout`; the training mesh when the layouts are equal), with a
+  KV cache of ``max_prompt_length + response_length`` slots for the decode batch (`decode_batch`), the cache
+  donated as the engine's while-loop carry is. Prefill is not planned.
+
+Shapes are the padded ones the worker runs on main: ``T = rollout.max_prompt_length + rollout.response_length``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding
+
+from jaxrl_hf import mesh as meshlib
+from jaxrl_hf.config.schema import RunConfig
+from jaxrl_hf.mesh.rules import logical_to_spec
+from jaxrl_hf.models import DecoderConfig, init_kv_cache, make_module, param_logical_axes, param_shapes
+from jaxrl_hf.models.llama import KV_CACHE_LOGICAL_AXES
+from jaxrl_hf.rollout.jax_engine import decode_step
+from jaxrl_hf.workers.actor_programs import LOG_PROB_INPUTS, build_actor_update, log_probs_program
+from jaxrl_hf.workers.common import WorkerConfigError, lm_param_shardings, rows_sharding, train_rule_set
+from jaxrl_hf.workers.generation_layout import GenerationLayout, generation_parallel
+from jaxrl_hf.workers.losses import lm_log_prob_fn
+from jaxrl_hf.workers.minibatch import MiniBatchPlan
+
+INT_COLUMNS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")
+FULL_WIDTH_COLUMNS = ("input_ids", "attention_mask", "position_ids")  # [.., T]; every other column is [.., R]
+
+
+def abstract(shapes: Any, shardings: Any) -> Any:
+    """``jax.ShapeDtypeStruct`` tree of ``shapes`` carrying ``shardings`` leaf by leaf."""
+    return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings)
+
+
+def tree_bytes_per_device(tree: Any) -> int:
+    """Largest per-device byte count of an abstract tree (leaves carry shardings)."""
+    leaves = jax.tree.leaves(tree)
+    return meshlib.shard_bytes_per_device([x.sharding for x in leaves], leaves)
+
+
+@dataclasses.dataclass
+class ActorLayout:
+    """Meshes and param layout of the actor on the plan's devices, as the worker builds them."""
+
+    config: RunConfig
+    model: DecoderConfig
+    devices: list[jax.Device]
+    train: meshlib.TrainParallel
+    rule_set: meshlib.RuleSet
+    gen: meshlib.GenParallel | None
+    mesh: jax.sharding.Mesh
+    shapes: Any
+    shardings: Any
+
+    @classmethod
+    def build(cls, config: RunConfig, model: DecoderConfig, devices: list[jax.Device]) -> "ActorLayout":
+        """``placement.train`` (pp·tp·dp must be ``len(devices)``), ``actor.strategy`` and ``placement.generate``
+        through the worker's own functions; errors name the keys."""
+        t = config.placement.train
+        if t.pp * t.tp * t.dp != len(devices):
+            raise WorkerConfigError(f"placement.train: pp·tp·dp = {t.pp}·{t.tp}·{t.dp} = {t.pp * t.tp * t.dp} but the "
+                                    f"plan has {len(devices)} devices")
+        train = meshlib.TrainParallel(t.pp, t.tp, t.dp)
+        rule_set = train_rule_set(config, "actor", train)
+        gen = generation_parallel(config.placement, train, rule_set=rule_set)
+        mesh = meshlib.build_train_mesh(train, devices)
+        shapes = param_shapes(model)
+        return cls(config, model, devices, train, rule_set, gen, mesh, shapes,
+                   lm_param_shardings(model, shapes, mesh, gen, rule_set))
+
+    @property
+    def params(self) -> Any:
+        return abstract(self.shapes, self.shardings)
+
+    @property
+    def seq_lengths(self) -> tuple[int, int]:
+        """``(P, R)``: the rollout's prompt and response lengths."""
+        return self.config.rollout.max_prompt_length, self.config.rollout.response_length
+
+
+@dataclasses.dataclass
+class CompiledProgram:
+    """One compiled program, the shapes it was compiled for and its state bytes per device."""
+
+    name: str
+    compiled: Any
+    shapes: dict[str, Any]
+    param_bytes: int
+    optimizer_bytes: int
+    compile_s: float
+
+
+def _compile(lowerable: Any, *args: Any, **kwargs: Any) -> tuple[Any, float]:
+    start = time.perf_counter()
+    compiled = lowerable.lower(*args, **kwargs).compile()
+    return compiled, time.perf_counter() - start
+
+
+def _columns(keys: tuple[str, ...], lead: tuple[int, ...], prompt_len: int, response_len: int,
+             sharding: NamedSharding) -> dict[str, jax.ShapeDtypeStruct]:
+    out = {}
+    for key in keys:
+        width = prompt_len + response_len if key in FULL_WIDTH_COLUMNS else response_len
+        dtype = jnp.int32 if key in INT_COLUMNS else jnp.float32
+        out[key] = jax.ShapeDtypeStruct((*lead, width), dtype, sharding=sharding)
+    return out
+
+
+def update_actor_program(layout: ActorLayout) -> CompiledProgram:
+    """The worker's ``update_actor`` step for one mini-batch (module docstring)."""
+    config, mesh = layout.config, layout.mesh
+    log_prob_fn = lm_log_prob_fn(layout.model, mesh, layout.rule_set.activations)
+    update = build_actor_update(config.actor, config.rollout.temperature, log_prob_fn, layout.shapes,
+                                layout.shardings, mesh)
+    opt_shapes = jax.eval_shape(update.optimizer.init, layout.shapes)
+    opt_state = abstract(opt_shapes, update.state_shardings.opt_state)
+    step = jax.ShapeDtypeStruct((), jnp.int32, sharding=update.state_shardings.step)
+    state = type(update.state_shardings)(layout.params, opt_state, step)
+    actor, dp = config.actor, layout.train.dp
+    mini_rows = actor.ppo_mini_batch_size * config.rollout.n
+    plan = MiniBatchPlan.build(mini_rows, mini_batch_prompts=actor.ppo_mini_batch_size,
+                               samples_per_prompt=config.rollout.n,
+                               micro_per_device=actor.ppo_micro_batch_size_per_device, dp_devices=dp,
+                               dp_processes=1, where="actor")
+    prompt_len, response_len = layout.seq_lengths
+    micro = _columns(update.loss_cfg.required_keys(), (plan.num_micro, plan.micro_rows), prompt_len, response_len,
+                     rows_sharding(mesh, 3, micro_axis=True))
+    compiled, seconds = _compile(update.step, state, micro)
+    shapes = {"num_micro": plan.num_micro, "micro_rows": plan.micro_rows,
+              "micro_rows_per_device": actor.ppo_micro_batch_size_per_device, "seq_len": prompt_len + response_len,
+              "columns": sorted(micro)}
+    return CompiledProgram("update_actor", compiled, shapes, tree_bytes_per_device(layout.params),
+                           tree_bytes_per_device(opt_state), seconds)
+
+
+def log_prob_program(layout: ActorLayout) -> CompiledProgram:
+    """The worker's ``compute_log_prob`` program for one log-prob micro-batch (module docstring)."""
+    config, mesh = layout.config, layout.mesh
+    log_prob_fn = lm_log_prob_fn(layout.model, mesh, layout.rule_set.activations)
+    rows = config.actor.log_prob_micro_batch_size_per_device * layout.train.dp
+    prompt_len, response_len = layout.seq_lengths
+    micro = _columns(LOG_PROB_INPUTS, (rows,), prompt_len, response_len, rows_sharding(mesh, 2))
+    temperature = jax.ShapeDtypeStruct((), jnp.float32)
+    compiled, seconds = _compile(log_probs_program, layout.params, micro, temperature, log_prob_fn=log_prob_fn)
+    shapes = {"rows": rows, "rows_per_device": config.actor.log_prob_micro_batch_size_per_device,
+              "seq_len": prompt_len + response_len}
+    return CompiledProgram("log_prob", compiled, shapes, tree_bytes_per_device(layout.params), 0, seconds)
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationSetup:
+    """The engine's mesh, activation rules and param shardings for one rollout."""
+
+    mesh: jax.sharding.Mesh
+    rules: Any
+    param_shardings: Any
+    label: str
+
+    @property
+    def replicas(self) -> int:
+        """Generation replicas: the product of the mesh axes the ``batch`` logical axis is sharded over."""
+        axes = logical_to_spec(("batch",), self.rules)[0]
+        names = (axes,) if isinstance(axes, str) else tuple(axes or ())
+        return int(math.prod(self.mesh.shape[a] for a in names))
+
+
+def generation_setup(layout: ActorLayout) -> GenerationSetup:
+    """What the worker hands the native engine: the generation layout when ``placement.generate`` (or a
+    dp-sharded rule set) asks for one, else the training mesh."""
+    if layout.gen is None:
+        return GenerationSetup(layout.mesh, layout.rule_set.activations, layout.shardings, layout.train.label())
+    gl = GenerationLayout.build(layout.gen, param_logical_axes(layout.model), layout.shapes, layout.devices,
+                                layout.rule_set)
+    return GenerationSetup(gl.mesh, gl.activation_rules, gl.gen_shardings, gl.gen.label())
+
+
+def kv_cache(model: DecoderConfig, setup: GenerationSetup, batch: int, cache_len: int) -> Any:
+    """Abstract KV cache ``{"k","v"}: [layers, batch, cache_len, kv_heads, head_dim]`` in the compute dtype, laid
+    out as the engine constrains it."""
+    shapes = jax.eval_shape(lambda: init_kv_cache(model, batch, cache_len, model.dtype))
+    sharding = NamedSharding(setup.mesh, logical_to_spec(KV_CACHE_LOGICAL_AXES, setup.rules))
+    return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding), shapes)
+
+
+def generate_program(layout: ActorLayout, setup: GenerationSetup, batch_per_replica: int) -> CompiledProgram:
+    """One decode step for ``batch_per_replica`` sequences on each generation replica (module docstring)."""
+    model = layout.model
+    prompt_len, response_len = layout.seq_lengths
+    cache_len, batch = prompt_len + response_len, batch_per_replica * setup.replicas
+    module = make_module(model, setup.mesh, setup.rules)
+    rows = NamedSharding(setup.mesh, logical_to_spec(("batch",), setup.rules))
+    rows2 = NamedSharding(setup.mesh, logical_to_spec(("batch", None), setup.rules))
+    params = abstract(layout.shapes, setup.param_shardings)
+    cache = kv_cache(model, setup, batch, cache_len)
+    args = (params, cache, jax.ShapeDtypeStruct((batch, cache_len), jnp.int32, sharding=rows2),
+            jax.ShapeDtypeStruct((batch,), jnp.int32, sharding=rows), jax.ShapeDtypeStruct((batch,), jnp.int32,
+                                                                                         sharding=rows),
+            jax.ShapeDtypeStruct((), jnp.int32))
+    program = jax.jit(functools.partial(decode_step, module=module), donate_argnums=(1,))
+    compiled, seconds = _compile(program, *args)
+    shapes = {"decode_batch": batch, "decode_batch_per_replica": batch_per_replica, "replicas": setup.replicas,
+              "cache_len": cache_len, "layout": setup.label,
+              "kv_cache_bytes_per_device": tree_bytes_per_device(cache)}
+    return CompiledProgram("generate", compiled, shapes, tree_bytes_per_device(params), 0, seconds)
