@@ -30,8 +30,9 @@ from jaxrl_hf.memory_plan.report import collective_counts, memory_stats
 from jaxrl_hf.memory_plan.verl_keys import PlanKeys, classify_keys
 from jaxrl_hf.models.known_configs import known_decoder_config
 
-# The plan's defaults, applied before the user's keys: verl's FSDP workers compute in bf16 over float32 params.
-PLAN_DEFAULTS = ("model.dtype=bfloat16",)
+# The plan's defaults, applied before the user's keys, are verl's (the keys plan verl commands as written):
+# the FSDP strategy, computing in bf16 over float32 params.
+PLAN_DEFAULTS = ("actor.strategy=fsdp", "model.dtype=bfloat16")
 DEFAULT_DEVICE_MEMORY = 80 * 2 ** 30
 
 
@@ -174,11 +175,12 @@ def plan_memory(model: str, devices: int, args: Sequence[str] = (), device_memor
     for program in (update, log_prob, generate):
         stats = memory_stats(program.compiled)
         held = resident.during(program.name)
+        collectives, float_collectives = collective_counts(program.compiled)
         out_programs[program.name] = {
             **stats, "param_bytes_per_device": program.param_bytes, "optimizer_bytes_per_device":
             program.optimizer_bytes, "resident_bytes_per_device": held,
             "total_bytes_per_device": stats["peak_bytes_per_device"] + held,
-            "collectives": collective_counts(program.compiled), "shapes": program.shapes,
+            "collectives": collectives, "float_collectives": float_collectives, "shapes": program.shapes,
             "compile_s": round(program.compile_s, 2),
             "cost_model": predict(program.name, decoder, inputs, sequences[program.name])}
     return {

@@ -18,10 +18,11 @@ its params are offloaded). A plan ``fits`` when every program's total is at most
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from typing import Any
 
-from jaxrl_hf.mesh.hlo_collectives import COLLECTIVE_KINDS, parse_collectives
+from jaxrl_hf.mesh.hlo_collectives import COLLECTIVE_KINDS, Collective, parse_collectives
 
 GIB = 2 ** 30
 
@@ -36,10 +37,20 @@ def memory_stats(compiled: Any) -> dict[str, int]:
     return stats
 
 
-def collective_counts(compiled: Any) -> dict[str, int]:
-    """How many ops of each collective kind the compiled HLO holds (async start/done pairs counted once)."""
-    counts = Counter(op.kind for op in parse_collectives(compiled.as_text()))
-    return {kind: int(counts.get(kind, 0)) for kind in COLLECTIVE_KINDS}
+def _moves_floats(op: Collective) -> bool:
+    """Whether a collective's result holds floating-point data (params, gradients, activations), as opposed to
+    integer batch columns or indices."""
+    result = op.text.split("=", 1)[1].split(op.kind, 1)[0]
+    return any(dtype.startswith(("f", "bf")) for dtype in re.findall(r"([a-z][a-z0-9]*)\[", result))
+
+
+def collective_counts(compiled: Any) -> tuple[dict[str, int], dict[str, int]]:
+    """How many ops of each collective kind the compiled HLO holds (async start/done pairs counted once): all
+    of them, and those moving floating-point data."""
+    ops = parse_collectives(compiled.as_text())
+    every, floats = Counter(op.kind for op in ops), Counter(op.kind for op in ops if _moves_floats(op))
+    return ({kind: int(every.get(kind, 0)) for kind in COLLECTIVE_KINDS},
+            {kind: int(floats.get(kind, 0)) for kind in COLLECTIVE_KINDS})
 
 
 def _gib(value: float) -> str:
