@@ -21,6 +21,10 @@ optimizer, argument and output bytes and the collectives are exact; temp bytes c
 fusions; cuDNN's fused attention never holds the [T, T] scores the plain attention here does). See
 `jaxrl_hf.memory_plan.plan`.
 
+Defaults (verl's, applied before the keys; `jaxrl_hf.memory_plan.plan.PLAN_DEFAULTS`): ``actor.strategy=fsdp``,
+bf16 compute over float32 params, ``rollout.gpu_memory_utilization=0.5`` (bounds the concurrent decode batch as
+vLLM does), ``data.gen_batch_size`` = ``data.train_batch_size``, one sequence per device per micro-batch.
+
 Keys: verl's spelling (``actor_rollout_ref.actor.X`` = ``actor.X``); see `jaxrl_hf.memory_plan.verl_keys` for which
 are applied, mapped (``trainer.nnodes`` × ``n_gpus_per_node`` = devices, rollout ``tensor_model_parallel_size`` ->
 generation tp, FSDP offload flags), ignored, or not modelled yet; a likely typo is an error naming the key.

@@ -31,8 +31,11 @@ from jaxrl_hf.memory_plan.verl_keys import PlanKeys, classify_keys
 from jaxrl_hf.models.known_configs import known_decoder_config
 
 # The plan's defaults, applied before the user's keys, are verl's (the keys plan verl commands as written):
-# the FSDP strategy, computing in bf16 over float32 params.
-PLAN_DEFAULTS = ("actor.strategy=fsdp", "model.dtype=bfloat16")
+# the FSDP strategy, computing in bf16 over float32 params, the rollout's share of device memory (which bounds
+# the concurrent decode batch, `decode_batch`); and, where the algorithm YAMLs size theirs for a 2-core CPU, a
+# generation batch of data.train_batch_size prompts and one sequence per device per micro-batch.
+PLAN_DEFAULTS = ("actor.strategy=fsdp", "model.dtype=bfloat16", "rollout.gpu_memory_utilization=0.5",
+                 "data.gen_batch_size=null", "actor.ppo_micro_batch_size_per_device=1")
 DEFAULT_DEVICE_MEMORY = 80 * 2 ** 30
 
 
