@@ -17,6 +17,7 @@ from jaxrl_hf.models import param_shardings, token_log_probs_and_entropy
 from jaxrl_hf.controller import Batch
 from jaxrl_hf.rollout import JaxGenerationEngine, RolloutEngine, SamplingParams, make_rollout_engine
 from jaxrl_hf.rollout.loops import RolloutRequest, make_rollout_loop
+from jaxrl_hf.rollout.sync_plan import HOST, SYNC_PATHS
 from jaxrl_hf.rollout.vllm_engine import (VllmOptions, logprobs_mismatch, request_seed, vllm_missing_message)
 
 # vLLM's CPU attention needs head_dim in {32, 64, ...}; vocab even so it shards over tp=2.
@@ -151,6 +152,11 @@ def test_sync_from_params_sharded_over_a_mesh(engine, params):
     expected = engine.generate(prompts, sp)
     assert engine.last_sync_stats.bytes_gathered == 0  # single-device leaves: DLPack, no copy
     assert engine.last_sync_stats.bytes_zero_copy == engine.last_sync_bytes > 0
+    assert engine.sync_target == HOST  # vLLM's CPU worker: the weights go to host memory
+    metrics = engine.sync_metrics()
+    assert SYNC_PATHS[int(metrics["perf/weight_sync_path"])] == "host_view"
+    assert metrics["perf/weight_sync_bytes"] == engine.last_sync_bytes and metrics["perf/weight_sync_copied_bytes"] == 0
+    assert not any(k.startswith("perf/rollout_") for k in metrics)  # CPU vLLM cannot sleep: nothing measured
     mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:8]).reshape(4, 2), ("dp", "tp"))
     from jaxrl_hf.mesh.rules import train_activation_rules
 
@@ -159,6 +165,8 @@ def test_sync_from_params_sharded_over_a_mesh(engine, params):
     engine.set_params(sharded)
     stats = engine.last_sync_stats
     assert stats.bytes_gathered > 0 and stats.bytes_total == engine.last_sync_bytes
+    assert stats.bytes_by_path["host_gather"] == stats.bytes_gathered  # the sharded leaves, gathered on host
+    assert engine.sync_metrics()["perf/weight_sync_copied_bytes"] == stats.bytes_gathered
     got = engine.generate(prompts, sp)
     np.testing.assert_array_equal(got.response_ids, expected.response_ids)
     np.testing.assert_allclose(got.log_probs, expected.log_probs, atol=1e-6)

@@ -16,6 +16,7 @@ import sys
 
 import pytest
 
+from jaxrl_hf.rollout.sync_plan import SYNC_PATHS
 from jaxrl_hf.trainer.metrics import is_wall_clock_metric
 
 pytestmark = pytest.mark.slow
@@ -168,3 +169,7 @@ def test_vllm_rollout_through_the_trainer(tmp_path):
             assert key in rec
         assert rec["rollout_corr/mismatch_abs_logprob_diff"] < 1e-4
         assert rec["timing_s/weight_sync"] > 0
+        # the sync's path and bytes reach metrics.jsonl: on CPU, host buffers aliased by DLPack, nothing copied
+        assert rec["perf/weight_sync_path"] == SYNC_PATHS.index("host_view")
+        assert rec["perf/weight_sync_bytes"] == rec["perf/weight_sync_zero_copy_bytes"] > 0
+        assert rec["perf/weight_sync_copied_bytes"] == 0

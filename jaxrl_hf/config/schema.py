@@ -17,6 +17,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional
 
+from jaxrl_hf.config.schema_memory import GpuMemoryConfig
 from jaxrl_hf.config.schema_rewards import (CostModelConfig, CustomRewardFunctionConfig, OverlongBufferConfig,
                                             RewardModelConfig, ScoringModelConfig)
 from jaxrl_hf.data.gsm8k import default_gsm8k_dir
@@ -357,6 +358,10 @@ class TrainerConfig:
     """Devices of the actor pool on each node (verl's key): GPUs on a GPU cluster (one process per GPU), host
     devices on CPU. ``nnodes × n_gpus_per_node = placement.num_processes × placement.devices_per_process``;
     null: derived from ``placement``."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Accelerator of the worker processes (verl's key): ``cuda``: one GPU each, and a run that finds none fails
+    at start (``launch/doctor.py``); ``cpu``: XLA host devices, also where GPUs exist; ``auto``: GPUs when the
+    Ray cluster has any."""
     peak_flops_per_device: Optional[float] = None
     """Peak FLOP/s of one device, for ``perf/mfu/actor`` (e.g. 989e12 for an H100 in bf16); null: not logged."""
     compilation_cache_dir: Optional[str] = "~/.cache/jaxrl_hf/xla"
@@ -408,6 +413,8 @@ class PlacementConfig:
     generate: GenerateParallelSizes = field(default_factory=GenerateParallelSizes)
     critic: PoolConfig = field(default_factory=PoolConfig)
     reward: PoolConfig = field(default_factory=PoolConfig)
+    memory: GpuMemoryConfig = field(default_factory=GpuMemoryConfig)
+    """Each GPU's memory between JAX and a colocated vLLM (`jaxrl_hf.config.memory_budget`)."""
 
 
 # --------------------------------------------------------------------------------------------- root

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 
 from jaxrl_hf.config.build import ConfigError
+from jaxrl_hf.config.memory_budget import check_memory_budget
 from jaxrl_hf.config.registered import check_registered_names
 from jaxrl_hf.config.schema import RunConfig
 
@@ -225,3 +226,4 @@ def validate_config(config: RunConfig) -> None:
     check_actor(config)
     check_data_and_rewards(config)
     check_trainer(config)
+    check_memory_budget(config)  # vLLM's + JAX's share of each GPU (with the environment's XLA_PYTHON_CLIENT_*)

@@ -87,6 +87,7 @@ class ProcessHost:
             "process_count": jax.process_count(),
             "device_count": jax.device_count(),
             "local_device_count": jax.local_device_count(),
+            "backend": jax.default_backend(),  # "cpu" in a GPU pool = no CUDA plugin (checked by the trainer)
         }
 
     def import_user_modules(self, specs: tuple[str, ...]) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import threading
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import ray
@@ -56,6 +56,8 @@ class ResourcePool:
       ready_timeout_s: how long to wait for resources and for the JAX program to form.
       imports: ``.py`` files / module names every process imports after joining the JAX program and before
         any worker is created (user code registering estimators, losses ...; `jaxrl_hf.user_modules`).
+      env_vars: environment variables every process gets before JAX starts, over the forwarded ones (e.g. the
+        GPU memory budget, `jaxrl_hf.config.memory_budget`).
     """
 
     def __init__(
@@ -70,6 +72,7 @@ class ResourcePool:
         strategy: str | None = None,
         ready_timeout_s: float = 120.0,
         imports: Sequence[str] = (),
+        env_vars: Mapping[str, str] | None = None,
     ):
         if not isinstance(name, str) or not name:
             raise ValueError(f"ResourcePool name must be a non-empty string, got {name!r}")
@@ -97,6 +100,7 @@ class ResourcePool:
         self.strategy = strategy
         self.ready_timeout_s = ready_timeout_s
         self.imports = tuple(imports)
+        self.env_vars = dict(env_vars or {})
         self.submit_lock = threading.RLock()  # one submission order for all ranks (SPMD lockstep)
         self._hosts: list[Any] | None = None
         self._placement_group = None
@@ -130,7 +134,7 @@ class ResourcePool:
 
     @property
     def process_info(self) -> list[dict[str, Any]]:
-        """Per rank: pid, node_id, node_ip, process_index, process_count, device_count, local_device_count."""
+        """Per rank: pid, node_id, node_ip, process_index, process_count, device_count, local_device_count, backend."""
         self.start()
         return list(self._process_info)
 
@@ -166,7 +170,7 @@ class ResourcePool:
                     f"alive nodes (total resources): {describe_nodes(ray.nodes())}"
                 ) from None
             self._placement_group = group
-            env = forwarded_env()
+            env = {**forwarded_env(), **self.env_vars}
             hosts = [self._spawn(group, rank, plan, env) for rank in range(self.num_processes)]
             try:
                 self._process_info = self._join(hosts)

