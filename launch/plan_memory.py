@@ -13,8 +13,8 @@ jax is imported). Prints a table and writes ``--json``: ``model``, ``num_params`
 ``device_memory_bytes``, ``programs`` {``update_actor``, ``log_prob``, ``generate``} (each with
 ``peak_bytes_per_device`` = argument + output − alias + temp from ``compiled.memory_analysis()``,
 ``param_bytes_per_device``, ``optimizer_bytes_per_device``, ``resident_bytes_per_device``,
-``total_bytes_per_device``, ``collectives``, ``cost_model``), ``fits`` (every program's total within
-``--device-memory``), plus the layout, offload flags and what was done with each key.
+``total_bytes_per_device``, ``collectives``, ``cost_model``), ``fits`` (every program's total within the usable
+share of ``--device-memory``), plus the layout, offload flags and what was done with each key.
 
 Backend: XLA:CPU (no jax CUDA plugin is installed, so XLA:GPU deviceless compilation is not reachable). Params,
 optimizer, argument and output bytes and the collectives are exact; temp bytes can differ on a GPU (other
@@ -22,8 +22,11 @@ fusions; cuDNN's fused attention never holds the [T, T] scores the plain attenti
 `jaxrl_hf.memory_plan.plan`.
 
 Defaults (verl's, applied before the keys; `jaxrl_hf.memory_plan.plan.PLAN_DEFAULTS`): ``actor.strategy=fsdp``,
-bf16 compute over float32 params, ``rollout.gpu_memory_utilization=0.5`` (bounds the concurrent decode batch as
-vLLM does), ``data.gen_batch_size`` = ``data.train_batch_size``, one sequence per device per micro-batch.
+bf16 compute over float32 params, ``data.gen_batch_size`` = ``data.train_batch_size``, one sequence per device per
+micro-batch. ``fits`` compares with JAX's share of ``--device-memory`` under the project's GPU memory budget
+(``1 − placement.memory.margin``; less vLLM's share with ``rollout.name=vllm``). ``generate`` is compiled for the
+decode batch whose KV cache fits that budget beside the weights and resident state (at most all rows of a
+replica), as a continuous-batching engine would run it; ``waves`` says how many such rounds the rollout takes.
 
 Keys: verl's spelling (``actor_rollout_ref.actor.X`` = ``actor.X``); see `jaxrl_hf.memory_plan.verl_keys` for which
 are applied, mapped (``trainer.nnodes`` × ``n_gpus_per_node`` = devices, rollout ``tensor_model_parallel_size`` ->

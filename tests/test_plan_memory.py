@@ -86,6 +86,7 @@ def test_plan_schema_and_fsdp_shards_state_over_all_devices(fsdp_plan):
     assert {"model", "num_params", "devices", "device_memory_bytes", "programs", "fits"} <= set(fsdp_plan)
     assert fsdp_plan["num_params"] == n and fsdp_plan["devices"] == 8
     assert fsdp_plan["device_memory_bytes"] == 80 * 2 ** 30 and fsdp_plan["fits"] is True
+    assert fsdp_plan["usable_bytes_per_device"] == int(0.95 * 80 * 2 ** 30)  # JAX's share: 1 − memory margin
     assert set(fsdp_plan["programs"]) == {"update_actor", "log_prob", "generate"}
     for name, p in fsdp_plan["programs"].items():
         assert p["peak_bytes_per_device"] == p["argument_bytes"] + p["output_bytes"] - p["alias_bytes"] + p["temp_bytes"]

@@ -23,6 +23,7 @@ import numpy as np
 from jaxrl_hf import mesh as meshlib
 from jaxrl_hf.config import load_config
 from jaxrl_hf.config.build import ConfigError
+from jaxrl_hf.config.memory_budget import DEFAULT_VLLM_GPU_SHARE, memory_budget
 from jaxrl_hf.config.schema import RunConfig
 from jaxrl_hf.memory_plan import programs as P
 from jaxrl_hf.memory_plan.cost_model import cost_model_inputs, predict
@@ -31,11 +32,10 @@ from jaxrl_hf.memory_plan.verl_keys import PlanKeys, classify_keys
 from jaxrl_hf.models.known_configs import known_decoder_config
 
 # The plan's defaults, applied before the user's keys, are verl's (the keys plan verl commands as written):
-# the FSDP strategy, computing in bf16 over float32 params, the rollout's share of device memory (which bounds
-# the concurrent decode batch, `decode_batch`); and, where the algorithm YAMLs size theirs for a 2-core CPU, a
-# generation batch of data.train_batch_size prompts and one sequence per device per micro-batch.
-PLAN_DEFAULTS = ("actor.strategy=fsdp", "model.dtype=bfloat16", "rollout.gpu_memory_utilization=0.5",
-                 "data.gen_batch_size=null", "actor.ppo_micro_batch_size_per_device=1")
+# the FSDP strategy, computing in bf16 over float32 params; and, where the algorithm YAMLs size theirs for a 2-core
+# CPU, a generation batch of data.train_batch_size prompts and one sequence per device per micro-batch.
+PLAN_DEFAULTS = ("actor.strategy=fsdp", "model.dtype=bfloat16", "data.gen_batch_size=null",
+                 "actor.ppo_micro_batch_size_per_device=1")
 DEFAULT_DEVICE_MEMORY = 80 * 2 ** 30
 
 
@@ -127,25 +127,30 @@ class Resident:
         return (0 if program == "update_actor" else self.optimizer) + self.ref
 
 
-def decode_batch(config: RunConfig, setup: P.GenerationSetup, layout: P.ActorLayout, device_memory: int,
+def usable_fraction(config: RunConfig) -> tuple[float, str]:
+    """The share of each device the actor's JAX programs may use: the project's GPU memory budget
+    (`jaxrl_hf.config.memory_budget`, from the config alone: ``placement.memory``, and vLLM's share when
+    ``rollout.name=vllm``); 1 with the uncapped platform allocator."""
+    budget = memory_budget(config, environ={})
+    return (1.0 if budget.jax_fraction is None else budget.jax_fraction), budget.describe()
+
+
+def decode_batch(config: RunConfig, setup: P.GenerationSetup, layout: P.ActorLayout, budget_bytes: float,
                  resident: int) -> tuple[int, str]:
-    """Sequences each generation replica decodes at once, and what bounded it: the whole rollout (the native
-    engine generates all its rows in one program), capped by ``rollout.max_num_seqs`` and, when
-    ``rollout.gpu_memory_utilization`` is set, by vLLM's rule (its share of the device less the weights and the
-    resident state, over one sequence's KV cache)."""
+    """Sequences each generation replica decodes at once, and what bounded it. The native engine generates all
+    its rows in one program; a continuous-batching engine (vLLM) runs as many as its KV budget holds, in waves.
+    The plan compiles the smaller: all rows per replica (``data.gen_batch_size·rollout.n``), capped by
+    ``rollout.max_num_seqs`` and by the KV cache that fits beside the weights and the resident state in
+    ``budget_bytes`` (vLLM's ``rollout.gpu_memory_utilization`` share with ``rollout.name=vllm``, else JAX's)."""
     rows = config.data.gen_batch_size * config.rollout.n
     batch, why = math.ceil(rows / setup.replicas), "all rollout rows (data.gen_batch_size·rollout.n per replica)"
     if config.rollout.max_num_seqs and config.rollout.max_num_seqs < batch:
         batch, why = config.rollout.max_num_seqs, "rollout.max_num_seqs"
-    util = config.rollout.gpu_memory_utilization
-    if util:
-        cache_len = sum(layout.seq_lengths)
-        per_seq = P.tree_bytes_per_device(P.kv_cache(layout.model, setup, setup.replicas, cache_len))
-        weights = P.tree_bytes_per_device(P.abstract(layout.shapes, setup.param_shardings))
-        fit = int((util * device_memory - weights - resident) // per_seq)
-        if fit < batch:
-            batch, why = max(fit, 1), (f"rollout.gpu_memory_utilization={util}: KV budget for {fit} sequence(s) "
-                                       "per replica")
+    per_seq = P.tree_bytes_per_device(P.kv_cache(layout.model, setup, setup.replicas, sum(layout.seq_lengths)))
+    weights = P.tree_bytes_per_device(P.abstract(layout.shapes, setup.param_shardings))
+    fit = int((budget_bytes - weights - resident) // per_seq)
+    if fit < batch:
+        batch, why = max(fit, 1), f"KV budget: {fit} sequence(s) per replica fit beside the weights and resident state"
     return batch, why
 
 
@@ -163,10 +168,17 @@ def plan_memory(model: str, devices: int, args: Sequence[str] = (), device_memor
                         0 if keys.offload_ref_params else ref)
     log_prob = P.log_prob_program(layout)
     setup = P.generation_setup(layout)
-    batch, why = decode_batch(config, setup, layout, device_memory_bytes, resident.during("generate"))
+    fraction, budget_note = usable_fraction(config)
+    usable = int(fraction * device_memory_bytes)
+    rollout_budget = usable
+    if config.rollout.name == "vllm":
+        rollout_budget = (config.rollout.gpu_memory_utilization or DEFAULT_VLLM_GPU_SHARE) * device_memory_bytes
+    batch, why = decode_batch(config, setup, layout, rollout_budget, resident.during("generate"))
     generate = P.generate_program(layout, setup, batch)
     generate.shapes["decode_batch_limited_by"] = why
-    generate.shapes["waves"] = math.ceil(config.data.gen_batch_size * config.rollout.n / (batch * setup.replicas))
+    rows = config.data.gen_batch_size * config.rollout.n
+    generate.shapes["rows_per_replica"] = math.ceil(rows / setup.replicas)
+    generate.shapes["waves"] = math.ceil(rows / (batch * setup.replicas))
     gen = layout.gen
     inputs = cost_model_inputs(decoder, layout.train.pp, layout.train.tp, layout.train.dp,
                                gen.pp if gen else layout.train.pp, gen.tp if gen else layout.train.tp,
@@ -188,7 +200,8 @@ def plan_memory(model: str, devices: int, args: Sequence[str] = (), device_memor
             "cost_model": predict(program.name, decoder, inputs, sequences[program.name])}
     return {
         "model": model, "num_params": decoder.num_params(), "devices": devices,
-        "device_memory_bytes": int(device_memory_bytes), "backend": jax.default_backend(),
+        "device_memory_bytes": int(device_memory_bytes), "usable_bytes_per_device": usable,
+        "memory_budget": budget_note, "backend": jax.default_backend(),
         "layout": {"train": layout.train.label(), "rule_set": layout.rule_set.name, "generate": setup.label,
                    "dtype": decoder.dtype, "param_dtype": decoder.param_dtype, "remat": decoder.remat},
         "offload": {"optimizer": bool(config.actor.offload_optimizer), "params": keys.offload_params,
@@ -196,5 +209,5 @@ def plan_memory(model: str, devices: int, args: Sequence[str] = (), device_memor
         "keys": {"applied": keys.applied, "mapped": keys.mapped, "ignored": keys.ignored,
                  "not_modelled": keys.not_modelled},
         "programs": out_programs,
-        "fits": all(p["total_bytes_per_device"] <= device_memory_bytes for p in out_programs.values()),
+        "fits": all(p["total_bytes_per_device"] <= usable for p in out_programs.values()),
     }

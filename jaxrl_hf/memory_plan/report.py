@@ -13,7 +13,9 @@ gradients, gathered FSDP shards). The generated code is not counted.
 
 ``resident``: the worker's state held on the device during the program without being one of its arguments (the
 Adam moments during ``log_prob`` and ``generate`` unless ``actor.offload_optimizer``; the reference copy unless
-its params are offloaded). A plan ``fits`` when every program's total is at most the device memory.
+its params are offloaded). A plan ``fits`` when every program's total is at most ``usable_bytes_per_device``: the
+device memory times JAX's share of it under the project's GPU memory budget (`jaxrl_hf.config.memory_budget`:
+``1 − placement.memory.margin`` with the native engine, less vLLM's share when ``rollout.name=vllm``).
 """
 
 from __future__ import annotations
@@ -75,7 +77,8 @@ def format_table(report: dict[str, Any]) -> str:
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(cols))]
     lines = [head, ""] + ["  ".join(str(v).rjust(w) if i else str(v).ljust(w) for i, (v, w) in
                                     enumerate(zip(r, widths))) for r in rows]
-    lines += ["", f"fits in {_gib(report['device_memory_bytes'])} GiB: {'yes' if report['fits'] else 'NO'}"]
+    lines += ["", f"fits in {_gib(report['usable_bytes_per_device'])} GiB usable per device "
+                  f"({report['memory_budget']}): {'yes' if report['fits'] else 'NO'}"]
     keys = report["keys"]
     for title, entries in (("mapped", keys["mapped"]), ("not modelled (plan computed without them)",
                                                          keys["not_modelled"]), ("ignored", keys["ignored"])):
