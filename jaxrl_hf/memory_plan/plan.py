@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import numpy as np
@@ -135,23 +135,34 @@ def usable_fraction(config: RunConfig) -> tuple[float, str]:
     return (1.0 if budget.jax_fraction is None else budget.jax_fraction), budget.describe()
 
 
-def decode_batch(config: RunConfig, setup: P.GenerationSetup, layout: P.ActorLayout, budget_bytes: float,
-                 resident: int) -> tuple[int, str]:
-    """Sequences each generation replica decodes at once, and what bounded it. The native engine generates all
-    its rows in one program; a continuous-batching engine (vLLM) runs as many as its KV budget holds, in waves.
-    The plan compiles the smaller: all rows per replica (``data.gen_batch_size·rollout.n``), capped by
-    ``rollout.max_num_seqs`` and by the KV cache that fits beside the weights and the resident state in
-    ``budget_bytes`` (vLLM's ``rollout.gpu_memory_utilization`` share with ``rollout.name=vllm``, else JAX's)."""
+def decode_batch(config: RunConfig, replicas: int, budget_bytes: float, resident: int,
+                 compile_at: Callable[[int], P.CompiledProgram]) -> tuple[P.CompiledProgram, str]:
+    """The generate program at the decode batch per replica it is planned for, and what bounded it. The native
+    engine generates all its rows in one program; a continuous-batching engine (vLLM) runs as many as its budget
+    holds, in waves. The plan takes the smaller: all rows per replica (``data.gen_batch_size·rollout.n``), capped
+    by ``rollout.max_num_seqs`` and by what fits ``budget_bytes`` beside the resident state. The per-sequence cost
+    is read from the compiled decode step itself (its peak is affine in the batch: compiled at 1 and 2 sequences
+    per replica), so it counts whatever XLA keeps per sequence besides the KV cache."""
     rows = config.data.gen_batch_size * config.rollout.n
-    batch, why = math.ceil(rows / setup.replicas), "all rollout rows (data.gen_batch_size·rollout.n per replica)"
+    batch, why = math.ceil(rows / replicas), "all rollout rows (data.gen_batch_size·rollout.n per replica)"
     if config.rollout.max_num_seqs and config.rollout.max_num_seqs < batch:
         batch, why = config.rollout.max_num_seqs, "rollout.max_num_seqs"
-    per_seq = P.tree_bytes_per_device(P.kv_cache(layout.model, setup, setup.replicas, sum(layout.seq_lengths)))
-    weights = P.tree_bytes_per_device(P.abstract(layout.shapes, setup.param_shardings))
-    fit = int((budget_bytes - weights - resident) // per_seq)
+    compiled: dict[int, P.CompiledProgram] = {}
+
+    def at(b: int) -> P.CompiledProgram:
+        if b not in compiled:
+            compiled[b] = compile_at(b)
+        return compiled[b]
+
+    if batch == 1:
+        return at(1), why
+    peak1 = memory_stats(at(1).compiled)["peak_bytes_per_device"]
+    per_seq = memory_stats(at(2).compiled)["peak_bytes_per_device"] - peak1
+    fit = 1 + int((budget_bytes - resident - peak1) // per_seq) if per_seq > 0 else batch
     if fit < batch:
-        batch, why = max(fit, 1), f"KV budget: {fit} sequence(s) per replica fit beside the weights and resident state"
-    return batch, why
+        batch, why = max(fit, 1), (f"memory: {max(fit, 0)} sequence(s) per replica fit ({per_seq / 2 ** 30:.3f} GiB "
+                                   "each in the compiled decode step)")
+    return at(batch), why
 
 
 def plan_memory(model: str, devices: int, args: Sequence[str] = (), device_memory_bytes: int = DEFAULT_DEVICE_MEMORY,
@@ -173,8 +184,9 @@ def plan_memory(model: str, devices: int, args: Sequence[str] = (), device_memor
     rollout_budget = usable
     if config.rollout.name == "vllm":
         rollout_budget = (config.rollout.gpu_memory_utilization or DEFAULT_VLLM_GPU_SHARE) * device_memory_bytes
-    batch, why = decode_batch(config, setup, layout, rollout_budget, resident.during("generate"))
-    generate = P.generate_program(layout, setup, batch)
+    generate, why = decode_batch(config, setup.replicas, rollout_budget, resident.during("generate"),
+                                 lambda b: P.generate_program(layout, setup, b))
+    batch = generate.shapes["decode_batch_per_replica"]
     generate.shapes["decode_batch_limited_by"] = why
     rows = config.data.gen_batch_size * config.rollout.n
     generate.shapes["rows_per_replica"] = math.ceil(rows / setup.replicas)
