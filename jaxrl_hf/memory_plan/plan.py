@@ -140,29 +140,29 @@ def decode_batch(config: RunConfig, replicas: int, budget_bytes: float, resident
     """The generate program at the decode batch per replica it is planned for, and what bounded it. The native
     engine generates all its rows in one program; a continuous-batching engine (vLLM) runs as many as its budget
     holds, in waves. The plan takes the smaller: all rows per replica (``data.gen_batch_size·rollout.n``), capped
-    by ``rollout.max_num_seqs`` and by what fits ``budget_bytes`` beside the resident state. The per-sequence cost
-    is read from the compiled decode step itself (its peak is affine in the batch: compiled at 1 and 2 sequences
-    per replica), so it counts whatever XLA keeps per sequence besides the KV cache."""
+    by ``rollout.max_num_seqs`` and by the largest batch whose compiled decode step fits ``budget_bytes`` beside
+    the resident state. That batch is searched on the compiled programs themselves (the cap first, then the
+    interval halved: at most about log2(cap) compiles), since XLA's buffers are not affine in the batch."""
     rows = config.data.gen_batch_size * config.rollout.n
     batch, why = math.ceil(rows / replicas), "all rollout rows (data.gen_batch_size·rollout.n per replica)"
     if config.rollout.max_num_seqs and config.rollout.max_num_seqs < batch:
         batch, why = config.rollout.max_num_seqs, "rollout.max_num_seqs"
     compiled: dict[int, P.CompiledProgram] = {}
 
-    def at(b: int) -> P.CompiledProgram:
+    def fits(b: int) -> bool:
         if b not in compiled:
             compiled[b] = compile_at(b)
-        return compiled[b]
+        return memory_stats(compiled[b].compiled)["peak_bytes_per_device"] + resident <= budget_bytes
 
-    if batch == 1:
-        return at(1), why
-    peak1 = memory_stats(at(1).compiled)["peak_bytes_per_device"]
-    per_seq = memory_stats(at(2).compiled)["peak_bytes_per_device"] - peak1
-    fit = 1 + int((budget_bytes - resident - peak1) // per_seq) if per_seq > 0 else batch
-    if fit < batch:
-        batch, why = max(fit, 1), (f"memory: {max(fit, 0)} sequence(s) per replica fit ({per_seq / 2 ** 30:.3f} GiB "
-                                   "each in the compiled decode step)")
-    return at(batch), why
+    if fits(batch):
+        return compiled[batch], why
+    if batch == 1 or not fits(1):
+        return compiled[1], "memory: not even 1 sequence per replica fits"
+    lo, hi = 1, batch  # fits(lo), not fits(hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return compiled[lo], f"memory: {lo} sequence(s) per replica fit ({len(compiled)} decode steps compiled)"
 
 
 def plan_memory(model: str, devices: int, args: Sequence[str] = (), device_memory_bytes: int = DEFAULT_DEVICE_MEMORY,
