@@ -16,6 +16,9 @@ import jax
 import pytest
 
 from jaxrl_hf.memory_plan import classify_keys, load_plan_config, parse_bytes, plan_memory
+from jaxrl_hf.memory_plan import programs as P
+from jaxrl_hf.memory_plan.plan import decode_batch, plan_devices
+from jaxrl_hf.memory_plan.report import memory_stats
 from jaxrl_hf.models.known_configs import KNOWN_HF_CONFIGS, PUBLISHED_PARAM_COUNTS, known_decoder_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -24,6 +27,8 @@ SMALL = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_a
          "hidden_size": 128, "intermediate_size": 384, "num_hidden_layers": 2, "num_attention_heads": 4,
          "num_key_value_heads": 2, "max_position_embeddings": 4096, "rms_norm_eps": 1e-6, "rope_theta": 1e6,
          "tie_word_embeddings": False, "use_sliding_window": False}
+# q/k/v biases (Qwen2): no embed axis, so ZeRO-3 leaves them whole; the cost model has no term for them
+BIASES = SMALL["num_hidden_layers"] * (SMALL["num_attention_heads"] + 2 * SMALL["num_key_value_heads"]) * 32
 BATCH = ["data.max_prompt_length=64", "data.max_response_length=64", "data.train_batch_size=8",
          "data.gen_batch_size=8", "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
          "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1"]
@@ -89,14 +94,14 @@ def test_plan_schema_and_fsdp_shards_state_over_all_devices(fsdp_plan):
     assert fsdp_plan["usable_bytes_per_device"] == int(0.95 * 80 * 2 ** 30)  # JAX's share: 1 − memory margin
     assert set(fsdp_plan["programs"]) == {"update_actor", "log_prob", "generate"}
     for name, p in fsdp_plan["programs"].items():
-        assert p["peak_bytes_per_device"] == p["argument_bytes"] + p["output_bytes"] - p["alias_bytes"] + p["temp_bytes"]
+        peak = p["argument_bytes"] + p["output_bytes"] - p["alias_bytes"] + p["temp_bytes"]
+        assert p["peak_bytes_per_device"] == peak
         assert p["total_bytes_per_device"] == p["peak_bytes_per_device"] + p["resident_bytes_per_device"]
         assert set(p["collectives"]) == COLLECTIVES
         assert p["cost_model"]["predicted_bytes_per_device"] > 0, name
     update = fsdp_plan["programs"]["update_actor"]
     # float32 params, 1/8 per device on their embed dim; the q/k/v biases have none and stay whole
-    biases = SMALL["num_hidden_layers"] * (SMALL["num_attention_heads"] + 2 * SMALL["num_key_value_heads"]) * 32
-    assert update["param_bytes_per_device"] == ((n - biases) // 8 + biases) * 4
+    assert update["param_bytes_per_device"] == ((n - BIASES) // 8 + BIASES) * 4
     assert 0 <= update["optimizer_bytes_per_device"] - 2 * update["param_bytes_per_device"] <= 16  # + step counters
     # XLA's numbers are per device: the donated train state is an argument and aliased to the output
     assert update["argument_bytes"] >= 3 * n * 4 // 8 and update["alias_bytes"] >= 3 * n * 4 // 8
@@ -121,7 +126,7 @@ def test_megatron_dp8_replicates_params_and_gathers_none(megatron_plan, fsdp_pla
     # q/k/v biases its architecture has no term for
     log_prob = megatron_plan["programs"]["log_prob"]
     gap = log_prob["param_bytes_per_device"] - log_prob["cost_model"]["terms"]["weight_bytes"]
-    assert gap == SMALL["num_hidden_layers"] * (SMALL["num_attention_heads"] + 2 * SMALL["num_key_value_heads"]) * 32 * 4
+    assert gap == BIASES * 4
     assert update["peak_bytes_per_device"] > fsdp_plan["programs"]["update_actor"]["peak_bytes_per_device"]
 
 
@@ -140,6 +145,32 @@ def test_generate_holds_the_kv_cache_of_the_decode_batch(fsdp_plan):
 
 
 @needs8
+def test_decode_batch_is_the_largest_that_fits(small_model):
+    config, _ = load_plan_config([*BATCH, "actor_rollout_ref.rollout.n=8"], 8)  # 8 rows per generation replica
+    model = known_decoder_config(small_model, dtype=config.model.dtype, remat=config.model.remat)
+    layout = P.ActorLayout.build(config, model, plan_devices(8))
+    setup = P.generation_setup(layout)
+    programs: dict[int, P.CompiledProgram] = {}
+
+    def compile_at(b: int) -> P.CompiledProgram:
+        if b not in programs:
+            programs[b] = P.generate_program(layout, setup, b)
+        return programs[b]
+
+    def peak(b: int) -> int:
+        return memory_stats(compile_at(b).compiled)["peak_bytes_per_device"]
+
+    resident = 1000
+    budget = resident + (peak(1) + peak(8)) / 2
+    program, why = decode_batch(config, setup.replicas, budget, resident, compile_at)
+    b = program.shapes["decode_batch_per_replica"]
+    assert 1 < b < 8 and why.startswith("memory")
+    assert peak(b) + resident <= budget < peak(b + 1) + resident  # the largest batch whose compiled step fits
+    whole, why = decode_batch(config, setup.replicas, 10 * budget, resident, compile_at)
+    assert whole.shapes["decode_batch_per_replica"] == 8 and why.startswith("all rollout rows")
+
+
+@needs8
 def test_tiny_device_memory_does_not_fit(megatron_cli):
     code, report = megatron_cli
     assert code == 1 and report["fits"] is False and report["device_memory_bytes"] == 2 ** 20
@@ -151,7 +182,8 @@ def test_bad_key_names_the_key(small_model, capsys):
         classify_keys(["actor_rollout_ref.actor.ppo_mini_batch_sze=32"])
     with pytest.raises(ValueError, match="trainer.nnodes"):
         classify_keys(["trainer.nnode=2"])
-    assert cli_main(["--model", small_model, "--devices", "8", "actor_rollout_ref.actor.fsdp_config.optimizer_ofload=1"]) == 2
+    typo = "actor_rollout_ref.actor.fsdp_config.optimizer_ofload=1"
+    assert cli_main(["--model", small_model, "--devices", "8", typo]) == 2
     assert "optimizer_ofload" in capsys.readouterr().err
     with pytest.raises(ValueError, match="trainer.nnodes × trainer.n_gpus_per_node = 2 × 8 = 16"):
         load_plan_config(["trainer.nnodes=2", "trainer.n_gpus_per_node=8"], devices=8)

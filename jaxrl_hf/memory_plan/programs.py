@@ -75,8 +75,8 @@ class ActorLayout:
         through the worker's own functions; errors name the keys."""
         t = config.placement.train
         if t.pp * t.tp * t.dp != len(devices):
-            raise WorkerConfigError(f"placement.train: pp·tp·dp = {t.pp}·{t.tp}·{t.dp} = {t.pp * t.tp * t.dp} but the "
-                                    f"plan has {len(devices)} devices")
+            raise WorkerConfigError(f"placement.train: pp·tp·dp = {t.pp}·{t.tp}·{t.dp} = {t.pp * t.tp * t.dp} but "
+                                    f"the plan has {len(devices)} devices")
         train = meshlib.TrainParallel(t.pp, t.tp, t.dp)
         rule_set = train_rule_set(config, "actor", train)
         gen = generation_parallel(config.placement, train, rule_set=rule_set)

@@ -64,7 +64,8 @@ def format_table(report: dict[str, Any]) -> str:
     head = (f"{report['model']} ({report['num_params'] / 1e9:.2f}B params) on {report['devices']} devices, "
             f"{_gib(report['device_memory_bytes'])} GiB each; train {report['layout']['train']} "
             f"[{report['layout']['rule_set']}], generate {report['layout']['generate']}")
-    cols = ("program", "peak", "params", "optim", "temp", "resident", "total", "cost model", "collectives (ag/rs/ar/a2a/cp)")
+    cols = ("program", "peak", "params", "optim", "temp", "resident", "total", "cost model",
+            "collectives (ag/rs/ar/a2a/cp)")
     rows = [cols]
     for name, p in report["programs"].items():
         c = p["collectives"]
