@@ -30,6 +30,8 @@ from jaxrl_hf.memory_plan.cost_model import cost_model_inputs, predict
 from jaxrl_hf.memory_plan.report import collective_counts, memory_stats
 from jaxrl_hf.memory_plan.verl_keys import PlanKeys, classify_keys
 from jaxrl_hf.models.known_configs import known_decoder_config
+from jaxrl_hf.workers.common import WorkerConfigError, train_rule_set
+from jaxrl_hf.workers.generation_layout import generation_parallel
 
 # The plan's defaults, applied before the user's keys, are verl's (the keys plan verl commands as written):
 # the FSDP strategy, computing in bf16 over float32 params; and, where the algorithm YAMLs size theirs for a 2-core
@@ -70,32 +72,50 @@ def _cluster_overrides(keys: PlanKeys, devices: int) -> list[str]:
     return []
 
 
-def _generation_tp_overrides(keys: PlanKeys) -> list[str]:
-    """The 3D-HybridEngine generates with ``tp_g`` dividing the training ``tp``: a rollout TP (verl's
-    ``rollout.tensor_model_parallel_size``) that does not divide it raises ``placement.train.tp`` to it (ZeRO-3's
-    ``fsdp`` then resolves to ``fsdp_tp``: params still sharded over every device), noted among the mapped keys."""
+def _check_generation_layout(config: RunConfig) -> None:
+    """Raise `WorkerConfigError` when the worker would reject ``placement.generate`` over ``placement.train``."""
+    t = config.placement.train
+    train = meshlib.TrainParallel(t.pp, t.tp, t.dp)
+    generation_parallel(config.placement, train, rule_set=train_rule_set(config, "actor", train))
+
+
+def _raised_train_tp(keys: PlanKeys) -> list[str]:
+    """verl's rollout TP is free of the training layout; this framework's generation layout is not (the
+    3D-HybridEngine generates with ``tp_g | tp``). For a ``placement.generate.tp`` (verl's
+    ``rollout.tensor_model_parallel_size``) that does not divide ``placement.train.tp``: the override raising the
+    training tp to it (ZeRO-3's ``fsdp`` then resolves to ``fsdp_tp``: params still sharded over every device);
+    else none."""
     gen_tp, train_tp = keys.raw_value("placement.generate.tp"), keys.raw_value("placement.train.tp") or "1"
-    if gen_tp is None or gen_tp.strip().lower() in ("null", "none", "~"):
-        return []
     try:
         g, t = int(gen_tp), int(train_tp)
-    except ValueError:
-        return []  # the loader names the bad value
-    if g > 0 and t % g:
-        keys.mapped.append(("placement.train.tp", f"{g} (raised from {t}: the generation tp must divide the "
-                                                  "training tp)"))
-        return [f"placement.train.tp={g}"]
-    return []
+    except (TypeError, ValueError):
+        return []  # unset, null or not a number: the loader's own error stands
+    return [f"placement.train.tp={g}"] if g > 0 and t % g else []
 
 
 def load_plan_config(args: Sequence[str], devices: int, algo: str = "dapo") -> tuple[RunConfig, PlanKeys]:
-    """The run config the worker would get from verl's ``args`` on ``devices`` devices, and the sorted keys."""
+    """The run config the worker would get from verl's ``args`` on ``devices`` devices, and the sorted keys. Only
+    when the loader or the worker rejects the generation tp is the training tp raised to it (`_raised_train_tp`,
+    noted among the mapped keys), so a layout the framework accepts is planned as given."""
     keys = classify_keys(list(args))
-    overrides = [*PLAN_DEFAULTS, *_cluster_overrides(keys, devices), *keys.overrides, *_generation_tp_overrides(keys)]
+    overrides = [*PLAN_DEFAULTS, *_cluster_overrides(keys, devices), *keys.overrides]
     try:
-        return load_config(algo, overrides=overrides), keys
+        try:
+            config = load_config(algo, overrides=overrides)
+            _check_generation_layout(config)
+            return config, keys
+        except (ConfigError, WorkerConfigError):
+            extra = _raised_train_tp(keys)
+            if not extra:
+                raise
+        config = load_config(algo, overrides=overrides + extra)
+        _check_generation_layout(config)
     except ConfigError as err:
         raise ValueError(str(err)) from None
+    old = keys.raw_value("placement.train.tp") or "1"
+    keys.mapped.append(("placement.train.tp", f"{extra[0].split('=')[1]} (raised from {old}: the generation tp "
+                                              "must divide the training tp)"))
+    return config, keys
 
 
 def plan_devices(devices: int) -> list[jax.Device]:
@@ -110,7 +130,7 @@ def plan_devices(devices: int) -> list[jax.Device]:
 
 def _ref_bytes(layout: P.ActorLayout) -> int:
     """The frozen reference copy (model.dtype, training layout: `jaxrl_hf.workers.common.reference_params`)."""
-    dt = np.dtype(layout.model.dtype) if layout.model.dtype != "bfloat16" else jax.numpy.bfloat16
+    dt = jax.numpy.dtype(layout.model.dtype)
     shapes = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, dt if jax.numpy.issubdtype(s.dtype, np.floating)
                                                          else s.dtype), layout.shapes)
     return P.tree_bytes_per_device(P.abstract(shapes, layout.shardings))
