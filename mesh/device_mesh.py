@@ -12,6 +12,10 @@ only the position of the ``dg`` axis among the mesh axes depends on which stride
 * otherwise (``a, b, t_g > 1``, e.g. 2-4-1 -> 1-2): ``dg`` is split in two mesh axes
   ``('pp_g', 'dg_pp', 'tp_g', 'dg_tp', 'dp')``; `HybridMeshes.dg_axes` lists what stands for ``dg``.
 
+With sequence parallelism (``TrainParallel.sp > 1``) the training mesh is ``('pp','tp','dp','sp')``: the
+same grid with its ``d`` axis split into ``[d/sp, sp]``, so its flat order, and with it every generation mesh
+above (built from the unsplit grid, ``dp`` = the whole data-parallel world), is unchanged.
+
 Meshes spanning several processes (multi-controller JAX) are built the same way from the global
 device list ordered by `ordered_devices`.
 """
@@ -25,9 +29,16 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh
 
-from jaxrl_hf.mesh.topology import GenParallel, TrainParallel, generation_rank_grid, train_rank_grid
+from jaxrl_hf.mesh.topology import (GenParallel, TrainParallel, generation_rank_grid, train_mesh_rank_grid,
+                                    train_rank_grid)
 
 TRAIN_AXES = ("pp", "tp", "dp")
+TRAIN_SP_AXES = ("pp", "tp", "dp", "sp")
+
+
+def train_mesh_axes(train: TrainParallel) -> tuple[str, ...]:
+    """Axis names of ``train``'s training mesh: `TRAIN_SP_AXES` with sequence parallelism, else `TRAIN_AXES`."""
+    return TRAIN_SP_AXES if train.sp > 1 else TRAIN_AXES
 
 
 def ordered_devices(devices: Sequence[jax.Device] | None = None) -> list[jax.Device]:
@@ -53,9 +64,10 @@ def _as_device_array(devices: Sequence[jax.Device], count: int) -> np.ndarray:
 
 
 def build_train_mesh(train: TrainParallel, devices: Sequence[jax.Device] | None = None) -> Mesh:
-    """Training mesh, axes ``('pp','tp','dp')``; ``devices`` in rank order (default `ordered_devices`)."""
+    """Training mesh, axes `train_mesh_axes` (``('pp','tp','dp')``, ``+ ('sp',)`` when ``train.sp > 1``);
+    ``devices`` in rank order (default `ordered_devices`)."""
     devs = _as_device_array(ordered_devices(devices) if devices is None else list(devices), train.num_devices)
-    return _auto_mesh(devs[train_rank_grid(train)], TRAIN_AXES)
+    return _auto_mesh(devs[train_mesh_rank_grid(train)], train_mesh_axes(train))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,7 +113,8 @@ def build_hybrid_meshes(gen: GenParallel, devices: Sequence[jax.Device] | None =
         got = got.transpose(0, 2, 1, 3)
     if not (got == expected).all():  # pragma: no cover - guards the derivation above
         raise AssertionError(f"generation mesh for {gen.train.label()}->{gen.label()} breaks the grouping")
-    return HybridMeshes(gen, _auto_mesh(train_grid, TRAIN_AXES), generation, dg_axes)
+    train = _auto_mesh(devs[train_mesh_rank_grid(gen.train)], train_mesh_axes(gen.train))
+    return HybridMeshes(gen, train, generation, dg_axes)
 
 
 def build_vanilla_generation_mesh(gen: GenParallel, devices: Sequence[jax.Device] | None = None) -> Mesh:

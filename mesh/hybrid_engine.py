@@ -1,11 +1,26 @@
 """The 3D-HybridEngine reshard (HybridFlow §2.5) and the two baselines of its Table 2.
 
-* `HybridEngine` (HybridFlow): ``to_generation`` is one jitted identity from the training shardings
-  to the zero-redundancy generation shardings; because every device's generation shard contains its
-  training shard, XLA compiles it to all-gathers inside the micro-DP groups only, each device
-  receiving ``(d_g-1)/(p·t)·M``. The training buffers are consumed (donated, then deleted), so after
-  the call a device holds its generation shard and nothing else. ``to_training`` slices each training
-  shard out of the generation shard: a compiled program without any collective.
+* `HybridEngine` (HybridFlow): ``to_generation`` moves the params from a training layout (rule set ``megatron``,
+  ``fsdp`` or ``fsdp_tp`` on ``('pp','tp','dp')``) to the zero-redundancy generation layout (params over
+  ``pp_g``/``tp_g``, replicated over micro-DP ``dg`` and ``dp``). Every device's generation shard contains its
+  training shard (the grouping of §2.5.3 plus the rule sets' axis orders: ``pp`` before ``tp`` before ``dp`` on a
+  dimension split over several), so XLA compiles the move to all-gathers only and each device receives exactly
+  its generation shard minus its training shard::
+
+      bytes received per device = M/(p_g·t_g) − S_train,    d_g = p·t/(p_g·t_g)
+        megatron (params replicated over dp):      S_train = M/(p·t)    ->  (d_g − 1)/(p·t) · M
+        fsdp (t = 1) / fsdp_tp (sharded over dp):  S_train = M/(p·t·d)  ->  (d_g·d − 1)/(p·t·d) · M
+
+  (``M`` = model bytes; exact when every param splits evenly over the axes its rules name, as the resolver
+  requires). The all-gather groups are the micro-DP groups (megatron) or the ``d_g·d`` devices sharing a
+  generation shard (fsdp/fsdp_tp: micro-DP × DP). The training buffers are consumed, so after the call a device
+  holds its generation shard and nothing else. ``to_training`` slices each training shard out of the generation
+  shard: compiled programs without any collective.
+
+  By default the move is chunked (`jaxrl_hf.mesh.chunked_reshard`: leaf by leaf, ``layers_per_group`` stacked
+  layers per program, donated buffers), so the peak is about the generation shard (Table 2) instead of training +
+  generation shard; ``layers_per_group=None`` compiles today's one program for the whole tree (same bytes, same
+  values, higher peak).
 * `VanillaTransition` (HybridFlow-V): the training grouping reused for generation. All-gather
   inside each training PP×TP group (``(p·t-1)/(p·t)·M``), then each device keeps its generation
   shard and, since that need not contain its training shard, also keeps the training shard.
@@ -32,6 +47,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from jaxrl_hf.mesh.chunked_reshard import DEFAULT_LAYERS_PER_GROUP, ChunkedReshard
 from jaxrl_hf.mesh.device_mesh import HybridMeshes, build_hybrid_meshes, build_vanilla_generation_mesh
 from jaxrl_hf.mesh.rule_sets import MEGATRON, RuleSet, get_rule_set
 from jaxrl_hf.mesh.rules import logical_to_shardings
@@ -109,6 +125,7 @@ class Phase:
     in_shardings: Any
     mesh: Mesh
     held_bytes_per_device: int = 0  # parameter bytes alive during the phase that are not its arguments
+    args: tuple | None = None  # abstract arguments to lower ``fn`` with (None: one tree laid out as in_shardings)
 
 
 class HybridEngine:
@@ -116,16 +133,19 @@ class HybridEngine:
 
     ``logical_axes``: tree of logical-axis tuples matching the params; ``param_shapes``: tree of
     arrays / `jax.ShapeDtypeStruct` (shapes and dtypes only). ``devices`` in rank order (default:
-    all devices by process then id). ``rule_set`` (a `RuleSet` or its registered name) is the training
-    layout; the containment above (and so the traffic formula) is that of ``megatron``. From a layout
-    sharded over ``dp`` too (``fsdp_tp``) the reshard also gathers over ``dp`` (values are still exact).
+    all devices by process then id). ``rule_set`` (a `RuleSet` or its registered name: ``megatron``, ``fsdp``,
+    ``fsdp_tp``) is the training layout; the traffic per layout is in the module docstring.
+    ``layers_per_group``: stacked layers per reshard program (`jaxrl_hf.mesh.chunked_reshard`; must divide the
+    layers each training stage holds), or ``None`` for one program over the whole tree.
     """
 
     method = "hybridflow"
 
     def __init__(self, gen: GenParallel, logical_axes: Any, param_shapes: Any,
-                 devices: Sequence[jax.Device] | None = None, rule_set: RuleSet | str = MEGATRON):
+                 devices: Sequence[jax.Device] | None = None, rule_set: RuleSet | str = MEGATRON,
+                 layers_per_group: int | None = DEFAULT_LAYERS_PER_GROUP):
         self.config = gen
+        self.param_shapes = param_shapes
         self.rule_set = (get_rule_set(rule_set) if isinstance(rule_set, str) else rule_set).for_transition(gen)
         self.meshes: HybridMeshes = build_hybrid_meshes(gen, devices)
         self.train_shardings = logical_to_shardings(logical_axes, self.meshes.train, self.rule_set.params,
@@ -133,18 +153,27 @@ class HybridEngine:
         # Params are replicated over dg (and dp), so a split dg never appears in their specs.
         self.gen_shardings = logical_to_shardings(logical_axes, self.meshes.generation,
                                                   self.rule_set.on_generation_mesh().params, shapes=param_shapes)
+        self.layers_per_group = layers_per_group
+        self.chunked = (None if layers_per_group is None else
+                        ChunkedReshard(self.train_shardings, self.gen_shardings, logical_axes, param_shapes,
+                                       layers_per_group))
         self._to_generation = _jit_reshard(self.train_shardings, self.gen_shardings, donate=True)
         self._to_training = _jit_reshard(self.gen_shardings, self.train_shardings, donate=True)
 
-    def to_generation(self, train_params: Any) -> Any:
-        """Training layout -> generation layout; consumes ``train_params`` (their buffers are freed)."""
+    def to_generation(self, train_params: Any, observer: Any = None) -> Any:
+        """Training layout -> generation layout; consumes ``train_params`` (their buffers are freed).
+        ``observer()`` (chunked only) runs after each program, before the consumed leaf is freed."""
+        if self.chunked is not None:
+            return self.chunked.to_generation(train_params, observer)
         gen_params = _call_quietly(self._to_generation, train_params)
         jax.block_until_ready(gen_params)
         delete_tree(train_params)
         return gen_params
 
-    def to_training(self, gen_params: Any) -> Any:
+    def to_training(self, gen_params: Any, observer: Any = None) -> Any:
         """Generation layout -> training layout by local slicing (no communication); consumes ``gen_params``."""
+        if self.chunked is not None:
+            return self.chunked.to_training(gen_params, observer)
         train_params = _call_quietly(self._to_training, gen_params)
         jax.block_until_ready(train_params)
         delete_tree(gen_params)
@@ -155,12 +184,18 @@ class HybridEngine:
         return self.to_generation(train_params), None
 
     def phases(self) -> list[Phase]:
-        """The compiled program(s) of ``to_generation``, for HLO / memory analysis."""
+        """The compiled program(s) of ``to_generation`` in order, for HLO / memory analysis."""
+        if self.chunked is not None:
+            return [Phase(st.name, st.fn, None, self.meshes.train, st.held_bytes_per_device, st.args)
+                    for st in self.chunked.generation_steps()]
         return [Phase("reshard", self._to_generation, self.train_shardings, self.meshes.train)]
 
-    def training_phase(self) -> Phase:
-        """The compiled program of ``to_training``."""
-        return Phase("slice", self._to_training, self.gen_shardings, self.meshes.generation)
+    def training_phases(self) -> list[Phase]:
+        """The compiled program(s) of ``to_training`` in order."""
+        if self.chunked is not None:
+            return [Phase(st.name, st.fn, None, self.meshes.generation, st.held_bytes_per_device, st.args)
+                    for st in self.chunked.training_steps()]
+        return [Phase("slice", self._to_training, self.gen_shardings, self.meshes.generation)]
 
 
 class _GatherThenSlice:
@@ -227,9 +262,13 @@ class DeepSpeedChatTransition(_GatherThenSlice):
 
 
 def make_transition(method: str, gen: GenParallel, logical_axes: Any, param_shapes: Any,
-                    devices: Sequence[jax.Device] | None = None) -> Any:
-    """The transition implementing ``method`` (one of `METHODS`)."""
+                    devices: Sequence[jax.Device] | None = None, **options: Any) -> Any:
+    """The transition implementing ``method`` (one of `METHODS`); ``options`` (``rule_set``,
+    ``layers_per_group``) go to `HybridEngine` only."""
     classes = {"hybridflow": HybridEngine, "hybridflow_v": VanillaTransition, "ds_chat": DeepSpeedChatTransition}
     if method not in classes:
         raise ValueError(f"unknown transition method {method!r}; valid: {list(METHODS)}")
-    return classes[method](gen, logical_axes, param_shapes, devices)
+    if options and method != "hybridflow":
+        raise ValueError(f"transition method {method!r} takes no options (got {sorted(options)}); "
+                         "rule_set / layers_per_group are HybridEngine's")
+    return classes[method](gen, logical_axes, param_shapes, devices, **options)

@@ -1,9 +1,11 @@
 """Named logical-axis rule sets, declared as data and looked up by name (verl's ``actor.strategy``).
 
-A rule set says where every logical axis of the model goes on the training mesh ``('pp','tp','dp')``:
-``params`` for the parameters (and so for their gradients and Adam moments, which follow them) and
-``activations`` for the ``flax`` activation constraints. Each is a tuple of ``(logical_axis, mesh_axes)``
-pairs in priority order, resolved by the one resolver `jaxrl_hf.mesh.rules.logical_to_spec`.
+A rule set says where every logical axis of the model goes on the training mesh ``('pp','tp','dp')`` (``+ 'sp'``
+with sequence parallelism): ``params`` for the parameters (and so for their gradients and Adam moments, which
+follow them) and ``activations`` for the ``flax`` activation constraints. Each is a tuple of ``(logical_axis,
+mesh_axes)`` pairs in priority order, resolved by the one resolver `jaxrl_hf.mesh.rules.logical_to_spec`.
+Activations carry the names ``batch``, ``length``, ``embed``, ... and, inside attention (around the score and
+value products), ``attn_length``, ``attn_heads``, ``attn_kv_heads``.
 
 Declared here (`RULE_SETS`, `get_rule_set`):
 
@@ -14,14 +16,21 @@ Declared here (`RULE_SETS`, `get_rule_set`):
   `rule_set_for_strategy`): replicating the params over ``tp`` would only repeat the same work there.
 * ``fsdp_tp``: ``megatron`` plus ``dp`` on the ``embed`` axis (dp minor-most, so each device's shard is a
   slice of its megatron shard).
-* ``sp``: ``megatron`` params; activations additionally shard the sequence (``length``) over an ``sp``
-  mesh axis. Declared only: the training mesh has no ``sp`` axis yet, so the workers reject it.
+* ``sp``, ``fsdp_sp``, ``fsdp_tp_sp``: the sequence-parallel (Ulysses) variants of the three, which the
+  names above resolve to on a training mesh with an ``sp`` axis (`RuleSet.sp_variant`), derived by
+  `sequence_parallel`: the data-parallel world is ``dp × sp``, so params over ``dp`` go over ``('dp','sp')``
+  (ZeRO-3 over the whole world, as verl's FSDP with Ulysses) and params replicated over ``dp`` stay
+  replicated over ``sp``; rows (``batch``) stay over ``dp``, while `SEQUENCE_PARALLEL_DIMS` also go over
+  ``sp``: the sequence (``length``) outside attention, the heads (``attn_heads``, ``attn_kv_heads``) inside it,
+  where the sequence is whole (``attn_length``). The switch between the two is an all-to-all within each
+  ``sp`` group, which XLA's SPMD partitioner emits from the constraints alone.
 
 The generation layout of the 3D-HybridEngine is derived from a rule set by data, not by a second
 resolver: `RuleSet.for_transition` orders the multi-axis ``pp``/``tp`` rule for a train -> generation
-transition, `RuleSet.on_generation_mesh` renames ``pp``/``tp`` to ``pp_g``/``tp_g``, drops ``dp`` (and
-``sp``) from the params (replicated over the micro-DP and DP groups) and spreads the activations' batch
-over the micro-DP axes and ``dp``.
+transition, `RuleSet.on_generation_mesh` renames ``pp``/``tp`` to ``pp_g``/``tp_g``, drops ``dp`` and
+``sp`` from the params (replicated over the micro-DP and DP groups) and ``sp`` from the activations (generation
+does not split the sequence), and spreads the activations' batch over the micro-DP axes and ``dp`` (the whole
+data-parallel world).
 """
 
 from __future__ import annotations
@@ -114,7 +123,9 @@ def _oriented(rules: Rules, order: tuple[str, str] | None, name: str) -> NamedRu
 class RuleSet:
     """One named layout: ``params`` and ``activations`` rules (see the module docstring).
 
-    ``tp_variant``: the rule set this one stands for on a training mesh with ``tp > 1`` (``None``: itself).
+    ``tp_variant``: the rule set this one stands for on a training mesh with ``tp > 1`` (``None``: itself);
+    ``sp_variant``: the one it stands for on a training mesh with an ``sp`` axis (``None``: none; such a rule set
+    cannot train with sequence parallelism unless it names ``sp`` itself).
     """
 
     name: str
@@ -122,6 +133,7 @@ class RuleSet:
     activations: Rules
     summary: str
     tp_variant: str | None = None
+    sp_variant: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "params", NamedRules(self.params, f"{self.name!r} params"))
@@ -166,25 +178,47 @@ def get_rule_set(name: str) -> RuleSet:
     return RULE_SETS.get(name)
 
 
-def rule_set_for_strategy(name: str, tp: int = 1) -> RuleSet:
-    """The rule set a strategy name selects on a training mesh with ``tp`` tensor shards (`RuleSet.tp_variant`)."""
+def rule_set_for_strategy(name: str, tp: int = 1, sp: int = 1) -> RuleSet:
+    """The rule set a strategy name selects on a training mesh with ``tp`` tensor shards (`RuleSet.tp_variant`)
+    and ``sp``-way sequence parallelism (`RuleSet.sp_variant`, taken after the tp variant)."""
     rule_set = get_rule_set(name)
     if tp > 1 and rule_set.tp_variant is not None:
-        return get_rule_set(rule_set.tp_variant)
+        rule_set = get_rule_set(rule_set.tp_variant)
+    if sp > 1 and rule_set.sp_variant is not None:
+        rule_set = get_rule_set(rule_set.sp_variant)
     return rule_set
+
+
+SEQUENCE_PARALLEL_DIMS = ("length", "attn_heads", "attn_kv_heads")
+"""Activation axes a sequence-parallel variant also splits over ``sp``: the sequence outside attention, the heads
+inside it (DeepSpeed-Ulysses, Jacobs et al. 2023, §3: all-to-all from sequence- to head-sharded and back)."""
+
+
+def sequence_parallel(base: RuleSet, name: str, summary: str, tp_variant: str | None = None) -> RuleSet:
+    """``base`` on a training mesh ``('pp','tp','dp','sp')`` (module docstring): param rules over ``dp`` go over
+    ``('dp','sp')`` (sp minor-most, as on the mesh), activation rules of `SEQUENCE_PARALLEL_DIMS` get ``sp``
+    appended (minor to ``tp``: a device's heads inside attention are a slice of its tensor-parallel heads, so the
+    all-to-all stays inside its sp group); ``batch`` and everything else as in ``base``."""
+    params = rename_mesh_axes(base.params, {"dp": ("dp", "sp")}, name)
+    activations = tuple((n, (*_axis_tuple(a), "sp")) if n in SEQUENCE_PARALLEL_DIMS else (n, a)
+                        for n, a in base.activations)
+    return RuleSet(name, params, activations, summary, tp_variant=tp_variant)
 
 
 # ---------------------------------------------------------------------------------------------- declarations
 _TENSOR_DIMS = ("vocab", "heads", "kv_heads", "mlp")
-_ACTIVATION_DIMS = ("length", "embed", "heads", "kv_heads", "head_dim", "mlp", "vocab", "layers")
+_ACTIVATION_DIMS = ("length", "embed", "heads", "kv_heads", "head_dim", "mlp", "vocab", "layers", "attn_length",
+                    "attn_heads", "attn_kv_heads")
 
 MEGATRON = register_rule_set(RuleSet(
     "megatron",
     params=(("layers", "pp"), *((n, "tp") for n in _TENSOR_DIMS),
             ("embed", ("pp", "tp")), ("embed", "pp"), ("embed", "tp"), ("head_dim", None)),
     activations=(("batch", "dp"), ("length", None), ("embed", None), ("heads", "tp"), ("kv_heads", "tp"),
-                 ("head_dim", None), ("mlp", "tp"), ("vocab", "tp"), ("layers", None)),
-    summary="Megatron-style tensor parallelism over tp, layers over pp, params replicated over dp"))
+                 ("head_dim", None), ("mlp", "tp"), ("vocab", "tp"), ("layers", None),
+                 ("attn_length", None), ("attn_heads", "tp"), ("attn_kv_heads", "tp")),
+    summary="Megatron-style tensor parallelism over tp, layers over pp, params replicated over dp",
+    sp_variant="sp"))
 
 FSDP_TP = register_rule_set(RuleSet(
     "fsdp_tp",
@@ -192,7 +226,8 @@ FSDP_TP = register_rule_set(RuleSet(
             ("embed", ("pp", "tp", "dp")), ("embed", ("pp", "dp")), ("embed", ("tp", "dp")), ("embed", "dp"),
             ("head_dim", None)),
     activations=MEGATRON.activations,
-    summary="megatron plus ZeRO-3: params (so grads and Adam moments) also sharded over dp on embed"))
+    summary="megatron plus ZeRO-3: params (so grads and Adam moments) also sharded over dp on embed",
+    sp_variant="fsdp_tp_sp"))
 
 FSDP = register_rule_set(RuleSet(
     "fsdp",
@@ -200,11 +235,14 @@ FSDP = register_rule_set(RuleSet(
             ("head_dim", None)),
     activations=(("batch", "dp"), *((n, None) for n in _ACTIVATION_DIMS)),
     summary="ZeRO-3 (verl's fsdp/fsdp2): params sharded over dp on embed, layers over pp, no tensor parallelism",
-    tp_variant="fsdp_tp"))
+    tp_variant="fsdp_tp", sp_variant="fsdp_sp"))
 register_rule_set(FSDP, name="fsdp2")  # verl's spelling
 
-SP = register_rule_set(RuleSet(
-    "sp",
-    params=MEGATRON.params,
-    activations=tuple((n, "sp") if n == "length" else (n, a) for n, a in MEGATRON.activations),
-    summary="megatron with the sequence axis of activations over an sp mesh axis (declared; not yet wired)"))
+SP = register_rule_set(sequence_parallel(
+    MEGATRON, "sp", "megatron with Ulysses sequence parallelism: activations' sequence (heads inside attention) "
+    "over sp, params replicated over dp and sp"))
+FSDP_TP_SP = register_rule_set(sequence_parallel(
+    FSDP_TP, "fsdp_tp_sp", "fsdp_tp with Ulysses sequence parallelism: params ZeRO-3 over dp×sp, sequence over sp"))
+FSDP_SP = register_rule_set(sequence_parallel(
+    FSDP, "fsdp_sp", "fsdp with Ulysses sequence parallelism: params ZeRO-3 over dp×sp (verl's FSDP + Ulysses), "
+    "activations' sequence (heads inside attention) over sp", tp_variant="fsdp_tp_sp"))

@@ -20,6 +20,11 @@ contains its training shard (layer block ``pp`` of ``p``, tensor slice ``tp`` of
 The "vanilla" grouping (HybridFlow-V, §2.5.3 Fig. 8a) uses the training method for generation too:
 consecutive generation TP/PP ranks, micro-DP strided by ``p_g·t_g`` within the replica.
 
+Sequence parallelism (Ulysses, verl's ``ulysses_sequence_parallel_size``) takes its groups out of the
+data-parallel world: ``sp`` consecutive data-parallel ranks ``dp = dp_group·sp + sp_rank`` hold the same rows,
+each its ``1/sp`` of the sequence. The rank formula above is unchanged (``dp`` still counts the whole
+data-parallel world), so the generation grouping is too; only the training mesh splits its ``dp`` axis in two.
+
 Everything here is pure integer arithmetic over rank indices; `mesh.device_mesh` turns the grids
 into `jax.sharding.Mesh` objects.
 """
@@ -34,17 +39,25 @@ import numpy as np
 
 @dataclasses.dataclass(frozen=True)
 class TrainParallel:
-    """Training parallel sizes ``p-t-d`` (pipeline stages, tensor shards, data replicas)."""
+    """Training parallel sizes ``p-t-d`` (pipeline stages, tensor shards, data-parallel ranks).
+
+    ``sp``: sequence-parallel group size (module docstring); it divides ``dp``, and the ``dp/sp`` groups
+    (`dp_groups`) are what the rows are split over.
+    """
 
     pp: int
     tp: int
     dp: int
+    sp: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("pp", "tp", "dp"):
+        for name in ("pp", "tp", "dp", "sp"):
             value = getattr(self, name)
             if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"TrainParallel.{name} must be a positive integer, got {value!r}")
+        if self.dp % self.sp:
+            raise ValueError(f"TrainParallel.sp={self.sp} must divide dp={self.dp}: sequence-parallel groups are "
+                             f"taken out of the data-parallel ranks")
 
     @property
     def num_devices(self) -> int:
@@ -55,8 +68,13 @@ class TrainParallel:
         """Devices per training replica, ``p·t``."""
         return self.pp * self.tp
 
+    @property
+    def dp_groups(self) -> int:
+        """Sequence-parallel groups in the data-parallel world, ``d/sp``: the rows are split this many ways."""
+        return self.dp // self.sp
+
     def label(self) -> str:
-        return f"{self.pp}-{self.tp}-{self.dp}"
+        return f"{self.pp}-{self.tp}-{self.dp}" + (f"(sp{self.sp})" if self.sp > 1 else "")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,6 +175,13 @@ def train_rank_grid(train: TrainParallel) -> np.ndarray:
     return grid
 
 
+def train_mesh_rank_grid(train: TrainParallel) -> np.ndarray:
+    """The ranks of the training mesh: `train_rank_grid`, with ``sp > 1`` its ``d`` axis split into
+    ``[d/sp, sp]`` (mesh axes ``('pp','tp','dp','sp')``, sp minor-most: same flat order)."""
+    grid = train_rank_grid(train)
+    return grid.reshape(train.pp, train.tp, train.dp_groups, train.sp) if train.sp > 1 else grid
+
+
 def generation_rank_grid(gen: GenParallel, vanilla: bool = False) -> np.ndarray:
     """Integer array ``[p_g, t_g, d_g, d]`` of ranks (logical axes ``('pp_g','tp_g','dg','dp')``)."""
     coords = vanilla_generation_coords if vanilla else generation_coords
@@ -196,6 +221,13 @@ def training_tp_groups(train: TrainParallel) -> list[tuple[int, ...]]:
 def training_dp_groups(train: TrainParallel) -> list[tuple[int, ...]]:
     """Training data-parallel groups (stride ``p·t``)."""
     return _groups_along(train_rank_grid(train), (2,))
+
+
+def training_sp_groups(train: TrainParallel) -> list[tuple[int, ...]]:
+    """Sequence-parallel groups: ``sp`` consecutive data-parallel ranks (stride ``p·t`` in rank), sharing rows."""
+    if train.sp == 1:
+        return [(r,) for r in range(train.num_devices)]
+    return _groups_along(train_mesh_rank_grid(train), (3,))
 
 
 def all_configs(num_devices: int) -> list[GenParallel]:

@@ -8,8 +8,12 @@ groups out of the compiled HLO (`mesh.hlo_collectives`) and reads XLA's memory a
   the maximum over devices (for these layouts every device receives the same amount).
 * ``peak_param_bytes_per_device``: the high-water mark of parameter buffers on one device during the
   transition: for each phase, arguments + outputs + XLA temporaries − aliased bytes, plus parameter
-  arrays held across the phase without being its arguments (a baseline's kept training shard);
-  maximum over phases.
+  arrays held across the phase without being its arguments (a baseline's kept training shard, the
+  leaves a chunked reshard has not reached yet or has finished); maximum over phases.
+
+A chunked reshard (`mesh.chunked_reshard`) is many small phases; phases running the same program (the
+layer groups of one leaf) are compiled once. ``analyze_transition(engine, shapes,
+engine.training_phases())`` reads the way back.
 
 `time_transition` measures wall time (median of repeats, fresh training params each time, not
 timed). `resident_bytes_per_device` counts the parameter bytes each device holds after a transition.
@@ -18,6 +22,7 @@ timed). `resident_bytes_per_device` counts the parameter bytes each device holds
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 import time
 import warnings
@@ -84,21 +89,40 @@ def _abstract(shardings: Any, shapes: Any) -> Any:
 
 
 def compiled_hlo(phase: Any, shapes: Any) -> tuple[str, Any]:
-    """(HLO text, memory analysis) of a phase compiled for inputs of ``shapes``."""
+    """(HLO text, memory analysis) of a phase compiled for inputs of ``shapes`` (or for its own abstract
+    ``args``: the per-leaf programs of a chunked reshard)."""
+    args = getattr(phase, "args", None)
     with warnings.catch_warnings():  # unusable donations: see hybrid_engine._call_quietly
         warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
-        compiled = phase.fn.lower(_abstract(phase.in_shardings, shapes)).compile()
+        lowered = phase.fn.lower(*args) if args is not None else phase.fn.lower(_abstract(phase.in_shardings, shapes))
+        compiled = lowered.compile()
     return compiled.as_text(), compiled.memory_analysis()
 
 
-def analyze_transition(transition: Any, shapes: Any) -> TransitionAnalysis:
-    """Compile every phase of ``transition`` for params of ``shapes`` and read traffic and memory."""
+def _compile_key(phase: Any) -> tuple | None:
+    args = getattr(phase, "args", None)
+    if args is None:
+        return None
+    return (id(phase.fn), tuple(flat_device_ids(phase.mesh)),
+            tuple((tuple(a.shape), str(a.dtype), getattr(a, "sharding", None)) for a in args))
+
+
+def analyze_transition(transition: Any, shapes: Any, phases: Any = None) -> TransitionAnalysis:
+    """Compile every phase of ``transition`` (or the given ``phases``, e.g. ``transition.training_phases()``)
+    for params of ``shapes`` and read traffic and memory; phases running the same program compile once."""
     out = []
-    for phase in transition.phases():
-        text, mem = compiled_hlo(phase, shapes)
+    cache: dict[tuple, tuple[CollectiveSummary, Any]] = {}
+    for phase in transition.phases() if phases is None else phases:
+        key = _compile_key(phase)
+        if key is None or key not in cache:
+            text, mem = compiled_hlo(phase, shapes)
+            read = (summarize(text, flat_device_ids(phase.mesh)), mem)
+            if key is not None:
+                cache[key] = read
+        collectives, mem = read if key is None else cache[key]
         out.append(PhaseAnalysis(
             name=phase.name,
-            collectives=summarize(text, flat_device_ids(phase.mesh)),
+            collectives=collectives,
             argument_bytes=int(mem.argument_size_in_bytes),
             output_bytes=int(mem.output_size_in_bytes),
             temp_bytes=int(mem.temp_size_in_bytes),
@@ -114,9 +138,19 @@ def tree_bytes_per_device(*trees: Any) -> dict[int, int]:
     for tree in trees:
         for leaf in jax.tree.leaves(tree):
             if isinstance(leaf, jax.Array) and not leaf.is_deleted():
-                for shard in leaf.addressable_shards:
-                    out[shard.device.id] = out.get(shard.device.id, 0) + int(shard.data.nbytes)
+                for device, nbytes in _shard_bytes(leaf):
+                    out[device] = out.get(device, 0) + nbytes
     return out
+
+
+def _shard_bytes(leaf: jax.Array) -> list[tuple[int, int]]:
+    """(device id, bytes) of each addressable shard, from the sharding (``shard.data`` would create new
+    single-device arrays, which `jax.live_arrays` then counts a second time)."""
+    try:
+        count = math.prod(leaf.sharding.shard_shape(leaf.shape))
+    except ValueError:  # uneven sharding: read the shards themselves
+        return [(s.device.id, int(s.data.nbytes)) for s in leaf.addressable_shards]
+    return [(d.id, count * leaf.dtype.itemsize) for d in leaf.sharding.addressable_devices]
 
 
 def live_bytes_per_device() -> dict[int, int]:

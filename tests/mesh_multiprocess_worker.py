@@ -18,12 +18,11 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from jaxrl_hf.mesh.device_mesh import flat_device_ids, ordered_devices  # noqa: E402
-from jaxrl_hf.mesh.hlo_collectives import summarize  # noqa: E402
+from jaxrl_hf.mesh.device_mesh import ordered_devices  # noqa: E402
 from jaxrl_hf.mesh.hybrid_engine import HybridEngine  # noqa: E402
 from jaxrl_hf.mesh.synthetic import llama_logical_axes, llama_param_shapes, llama_shape, param_bytes  # noqa: E402
 from jaxrl_hf.mesh.topology import micro_dp_groups, parse_config  # noqa: E402
-from jaxrl_hf.mesh.transition_report import compiled_hlo  # noqa: E402
+from jaxrl_hf.mesh.transition_report import analyze_transition  # noqa: E402
 
 
 def main() -> None:
@@ -53,16 +52,15 @@ def main() -> None:
         round_trip = all(np.array_equal(np.asarray(s.data), ref[s.index])
                          for ref, arr in zip(jax.tree.leaves(reference), jax.tree.leaves(train_again))
                          for s in arr.addressable_shards)
-        text, _ = compiled_hlo(engine.phases()[0], shapes)
-        summary = summarize(text, flat_device_ids(engine.meshes.train))
+        summary = analyze_transition(engine, shapes)  # every program of the (chunked) reshard
         groups = [[rank_of[d] for d in g] for g in summary.device_groups()]
         micro = [list(g) for g in micro_dp_groups(gen)]
         print(json.dumps({
             "config": label, "process": process_id, "num_devices": jax.device_count(),
             "local_devices": jax.local_device_count(), "shards_ok": shards_ok, "round_trip": round_trip,
-            "kinds": sorted(summary.kinds), "groups": sorted(groups), "micro_dp_groups": micro,
+            "kinds": sorted(summary.collective_kinds), "groups": sorted(groups), "micro_dp_groups": micro,
             "process_local": all(len({process_of[d] for d in g}) == 1 for g in summary.device_groups()),
-            "bytes": summary.max_received_bytes, "param_bytes": param_bytes(shapes),
+            "bytes": summary.bytes_per_device, "param_bytes": param_bytes(shapes),
         }), flush=True)
     jax.distributed.shutdown()
 

@@ -6,8 +6,9 @@
 * the real jitted train step gives the same loss and grad norm under megatron, fsdp and fsdp_tp, and the fsdp
   step's compiled HLO gathers params and reduce-scatters grads;
 * the 3D-HybridEngine reshard from an fsdp_tp training layout gives the right values;
-* ``actor.strategy`` / ``critic.strategy`` select the rule set (``fsdp``/``fsdp2`` aliases), bad names and
-  undeclared mesh axes are errors naming the key; ``sp`` resolves the sequence axis (declared only).
+* ``actor.strategy`` / ``critic.strategy`` select the rule set (``fsdp``/``fsdp2`` aliases, the tp and
+  sequence-parallel variants), bad names and undeclared mesh axes are errors naming the key; the sequence-parallel
+  variants put the sequence on ``sp`` outside attention and the heads inside it.
 """
 
 from __future__ import annotations
@@ -29,10 +30,11 @@ from jaxrl_hf.config.schema import ActorConfig, OptimConfig, RunConfig
 from jaxrl_hf.mesh.device_mesh import build_hybrid_meshes, build_train_mesh, flat_device_ids
 from jaxrl_hf.mesh.hlo_collectives import summarize
 from jaxrl_hf.mesh.hybrid_engine import HybridEngine, delete_tree, shard_bytes_per_device
-from jaxrl_hf.mesh.rule_sets import FSDP, FSDP_TP, MEGATRON, SP, RuleSet, get_rule_set, register_rule_set
+from jaxrl_hf.mesh.rule_sets import (FSDP, FSDP_SP, FSDP_TP, FSDP_TP_SP, MEGATRON, SP, RuleSet, get_rule_set,
+                                     register_rule_set)
 from jaxrl_hf.mesh.rules import logical_to_shardings, logical_to_spec, logical_to_specs, train_activation_rules
 from jaxrl_hf.mesh.synthetic import LlamaShape, llama_logical_axes, llama_param_shapes, llama_shape, param_bytes
-from jaxrl_hf.mesh.topology import GenParallel, TrainParallel, all_configs, parse_config
+from jaxrl_hf.mesh.topology import GenParallel, TrainParallel, all_configs, parse_config, training_sp_groups
 from jaxrl_hf.models import DecoderConfig, init_params, param_logical_axes, param_shardings
 from jaxrl_hf.workers.common import WorkerConfigError, lm_param_shardings, train_rule_set
 from jaxrl_hf.workers.losses import (ACTOR_SUMMED_METRICS, actor_loss, actor_loss_config, lm_log_prob_fn,
@@ -65,8 +67,10 @@ def reference_train_rules(gen: GenParallel | None, pp: str = "pp", tp: str = "tp
 
 
 def reference_activation_rules(batch, tp):
+    """Today's activation rules, plus the names inside attention (the same layout there without sp)."""
     return (("batch", batch), ("length", None), ("embed", None), ("heads", tp), ("kv_heads", tp),
-            ("head_dim", None), ("mlp", tp), ("vocab", tp), ("layers", None))
+            ("head_dim", None), ("mlp", tp), ("vocab", tp), ("layers", None),
+            ("attn_length", None), ("attn_heads", tp), ("attn_kv_heads", tp))
 
 
 def abstract_models():
@@ -251,8 +255,8 @@ def test_fsdp_step_gathers_params_and_reduce_scatters_grads():
 @pytest.mark.parametrize("label", ["1-4-2->1-2", "2-2-2->1-2", "1-2-4->1-1"])
 def test_hybrid_engine_reshards_an_fsdp_layout_exactly(label):
     """From the fsdp_tp training layout (sharded over dp too) the reshard still lands every generation shard on
-    the reference's values and slices the training shards back bit-identically (byte-exact traffic accounting
-    for fsdp is future work)."""
+    the reference's values and slices the training shards back bit-identically (the byte-exact traffic per
+    layout is checked in test_mesh_hybrid_layouts.py)."""
     gen = parse_config(label)
     axes, shapes = llama_logical_axes(llama_shape("tiny")), llama_param_shapes(llama_shape("tiny"), np.float32)
     engine = HybridEngine(gen, axes, shapes, rule_set="fsdp_tp")
@@ -275,17 +279,34 @@ def test_hybrid_engine_reshards_an_fsdp_layout_exactly(label):
 
 # ------------------------------------------------------------------------------------------ sp, config, errors
 @needs8
-def test_sp_rule_set_shards_the_sequence_axis_of_activations():
-    """Declared for the coming sequence-parallel work: on a mesh with an ``sp`` axis the resolver puts the
-    ``length`` axis of activations there; params are megatron's."""
-    mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:8]).reshape(1, 2, 2, 2), ("pp", "tp", "sp", "dp"))
+def test_sp_rule_sets_shard_the_sequence_outside_attention_and_the_heads_inside():
+    """On the training mesh ``('pp','tp','dp','sp')`` (sp minor-most, the flat order of ``('pp','tp','dp·sp')``)
+    the sequence-parallel variants put ``length`` on ``sp`` outside attention and the heads on ``(tp, sp)`` inside
+    it; params over dp go over ``(dp, sp)``; generation drops sp (megatron's generation layout)."""
+    train = TrainParallel(1, 2, 4, sp=2)
+    mesh = build_train_mesh(train)
+    assert mesh.axis_names == ("pp", "tp", "dp", "sp") and dict(mesh.shape) == {"pp": 1, "tp": 2, "dp": 2, "sp": 2}
+    assert flat_device_ids(mesh) == flat_device_ids(build_train_mesh(TrainParallel(1, 2, 4)))
+    # an sp group: consecutive data-parallel ranks, i.e. ranks p·t apart; the mesh's sp axis holds exactly them
+    assert training_sp_groups(train) == [(0, 2), (1, 3), (4, 6), (5, 7)]
+    along_sp = np.vectorize(lambda d: d.id)(mesh.devices).reshape(-1, 2)
+    assert sorted(tuple(sorted(g)) for g in along_sp.tolist()) == training_sp_groups(train)
+    with pytest.raises(ValueError, match="TrainParallel.sp=3 must divide dp=4"):
+        TrainParallel(1, 2, 4, sp=3)
+    sizes = dict(mesh.shape)
     spec = logical_to_spec(("batch", "length", "heads", "head_dim"), SP.activations, shape=(4, 16, 4, 8),
-                           axis_sizes=dict(mesh.shape))
+                           axis_sizes=sizes)
     assert spec == P("dp", "sp", "tp", None)
+    inside = logical_to_spec(("batch", "attn_length", "attn_heads", "head_dim"), SP.activations, shape=(4, 16, 4, 8),
+                             axis_sizes=sizes)
+    assert inside == P("dp", None, ("tp", "sp"), None)
     x = jax.device_put(np.zeros((4, 16, 4, 8), np.float32), NamedSharding(mesh, spec))
     assert x.addressable_shards[0].data.shape == (2, 8, 2, 8)
-    assert SP.params == MEGATRON.params and "sp" in SP.mesh_axes()
+    assert SP.params == MEGATRON.params and "sp" in SP.mesh_axes() and "sp" not in SP.param_mesh_axes()
     assert dict(SP.on_generation_mesh().activations) == dict(MEGATRON.on_generation_mesh().activations)
+    assert [a for n, a in FSDP_SP.params if n == "embed"] == [("pp", "dp", "sp"), ("dp", "sp")]  # ZeRO-3 over dp×sp
+    assert dict(FSDP_TP_SP.on_generation_mesh().params) == dict(FSDP_TP.on_generation_mesh().params)
+    assert dict(FSDP_SP.activations)["attn_heads"] == "sp" and dict(FSDP_SP.activations)["batch"] == "dp"
 
 
 def _rule_set(config: dict, role: str, train: TrainParallel):
@@ -302,8 +323,13 @@ def test_strategy_selects_the_rule_set():
     assert _rule_set({"actor": {"strategy": "fsdp_tp"}}, "ref", two) is FSDP_TP
     assert _rule_set({"actor": {"strategy": "fsdp"}, "critic": {}}, "critic", one) is MEGATRON
     assert _rule_set({"critic": {"strategy": "fsdp2"}}, "critic", one) is FSDP
+    sp, tp_sp = TrainParallel(1, 1, 8, sp=2), TrainParallel(1, 2, 4, sp=4)  # Ulysses: the sequence-parallel variants
+    assert _rule_set({}, "actor", sp) is SP and _rule_set({"actor": {"strategy": "fsdp2"}}, "ref", sp) is FSDP_SP
+    assert _rule_set({"critic": {"strategy": "fsdp"}}, "critic", tp_sp) is FSDP_TP_SP
+    assert _rule_set({"actor": {"strategy": "fsdp_sp"}}, "actor", tp_sp) is FSDP_TP_SP
     with pytest.raises(WorkerConfigError, match=r"actor.strategy='zero9': unknown sharding rule set 'zero9'; "
-                                                r"valid names: \['fsdp', 'fsdp2', 'fsdp_tp', 'megatron', 'sp'\]"):
+                                                r"valid names: \['fsdp', 'fsdp2', 'fsdp_sp', 'fsdp_tp', 'fsdp_tp_sp', "
+                                                r"'megatron', 'sp'\]"):
         _rule_set({"actor": {"strategy": "zero9"}}, "actor", one)
     with pytest.raises(WorkerConfigError, match=r"critic.strategy='sp': rule set 'sp' shards over mesh axes \['sp'\]"):
         _rule_set({"critic": {"strategy": "sp"}}, "critic", one)
@@ -315,7 +341,8 @@ def test_strategy_is_a_config_key():
     assert load_config("grpo").actor.strategy == MEGATRON.name
     for key in ("actor_rollout_ref.actor.strategy", "critic.strategy"):  # validated from RULE_SETS with the config
         with pytest.raises(ConfigError, match=r"'(actor|critic)\.strategy'='zero9': not a registered sharding rule "
-                                              r"set; valid names: \['fsdp', 'fsdp2', 'fsdp_tp', 'megatron', 'sp'\]"):
+                                              r"set; valid names: \['fsdp', 'fsdp2', 'fsdp_sp', 'fsdp_tp', "
+                                              r"'fsdp_tp_sp', 'megatron', 'sp'\]"):
             load_config("ppo", overrides=[f"{key}=zero9"])
 
 

@@ -18,7 +18,8 @@ if len(jax.devices()) < 8:
     pytest.skip("needs 8 devices: set XLA_FLAGS=--xla_force_host_platform_device_count=8", allow_module_level=True)
 
 RULES = (("batch", "dp"), ("heads", "tp"), ("kv_heads", "tp"), ("mlp", "tp"), ("vocab", "tp"),
-         ("embed", None), ("layers", None), ("head_dim", None), ("length", None))
+         ("embed", None), ("layers", None), ("head_dim", None), ("length", None), ("attn_length", None),
+         ("attn_heads", "tp"), ("attn_kv_heads", "tp"))
 CONFIG = tiny_config(vocab_size=96, eos_token_ids=())
 
 

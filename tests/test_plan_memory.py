@@ -197,8 +197,11 @@ def test_verl_dapo_32b_recipe_line_parses():
     assert len(args) == 69 and "actor_rollout_ref.rollout.tensor_model_parallel_size=4" in args
     config, keys = load_plan_config(args, devices=128)
     train, gen = config.placement.train, config.placement.generate
-    # 16 nodes x 8 GPUs; rollout TP 4 -> generation tp, and the training tp raised to it (fsdp -> fsdp_tp)
+    # 16 nodes x 8 GPUs; rollout TP 4 -> generation tp, the training tp raised to it (fsdp -> fsdp_tp) and the
+    # Ulysses size divided by as much: each sequence still spans tp·sp = 8 devices (40 heads split over them)
     assert (train.pp, train.tp, train.dp, gen.tp) == (1, 4, 32, 4)
+    assert config.actor.ulysses_sequence_parallel_size == config.ref.ulysses_sequence_parallel_size == 2
+    assert dict(keys.mapped)["actor.ulysses_sequence_parallel_size"].startswith("2 (was 8")
     assert config.actor.strategy == "fsdp"  # the recipe sets none: verl's default, the plan's too
     assert config.actor.offload_optimizer is True and keys.offload_params and keys.offload_ref_params
     assert config.model.remat == "full" and config.model.dtype == "bfloat16"
@@ -208,4 +211,5 @@ def test_verl_dapo_32b_recipe_line_parses():
     ignored = dict(keys.ignored)
     assert "trainer.logger" in ignored and "actor_rollout_ref.rollout.val_kwargs.top_k" in ignored
     every = keys.applied + keys.mapped + keys.ignored + keys.not_modelled
-    assert sum(1 for k, _ in every if k != "placement.train.tp") == len(args)  # every key accounted for once
+    added = {"placement.train.tp", "actor.ulysses_sequence_parallel_size", "ref.ulysses_sequence_parallel_size"}
+    assert sum(1 for k, _ in every if k not in added) == len(args)  # every key as written accounted for once

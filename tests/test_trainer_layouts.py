@@ -1,8 +1,9 @@
 """The training layout is a rule set chosen by config, not a second code path: the same GRPO smoke step through
 ``launch/train.py``'s trainer, Ray and the worker groups on 4 host devices logs the same loss, gradient norm and
 score under ``strategy=megatron`` dp4, ``strategy=fsdp`` dp4 (ZeRO-3: params, grads and Adam moments sharded
-over dp) and fsdp over dp2 x tp2 (``fsdp_tp``), written with verl's keys. Micro-batches accumulate exactly
-(token-mean over the mini-batch), so the numbers agree up to float reduction order."""
+over dp), fsdp over dp2 x tp2 (``fsdp_tp``) and fsdp over dp2 x Ulysses sp2 (``fsdp_sp``: each pair of devices
+holds the same rows, each half of every sequence; ZeRO-3 over all 4), written with verl's keys. Micro-batches
+accumulate exactly (token-mean over the mini-batch), so the numbers agree up to float reduction order."""
 
 from __future__ import annotations
 
@@ -22,6 +23,9 @@ LAYOUTS = {
     "megatron_dp4": ["actor_rollout_ref.actor.strategy=megatron", "placement.train.dp=4"],
     "fsdp_dp4": ["actor_rollout_ref.actor.strategy=fsdp", "placement.train.dp=4"],
     "fsdp_dp2_tp2": ["actor_rollout_ref.actor.strategy=fsdp", "placement.train.dp=2", "placement.train.tp=2"],
+    # verl: world 4, ulysses_sequence_parallel_size 2 -> 2 data-parallel groups of 2 (placement.train.dp counts all 4)
+    "fsdp_dp2_sp2": ["actor_rollout_ref.actor.strategy=fsdp", "placement.train.dp=4",
+                     "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"],
 }
 PARITY_SCORER = '''
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):
@@ -47,6 +51,6 @@ def test_layouts_log_the_same_step(tmp_path):
         assert [r["step"] for r in records[name]] == [1]
     reference = records["megatron_dp4"][0]
     assert reference["actor/grad_norm"] > 0 and reference["actor/pg_loss"] != 0 and reference["actor/pg_clipfrac"] > 0
-    for name in ("fsdp_dp4", "fsdp_dp2_tp2"):
+    for name in ("fsdp_dp4", "fsdp_dp2_tp2", "fsdp_dp2_sp2"):
         for key in COMPARED:
             assert records[name][0][key] == pytest.approx(reference[key], rel=1e-4, abs=1e-7), (name, key)

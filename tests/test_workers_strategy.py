@@ -30,9 +30,11 @@ BASE = tiny_worker_config(
                "generate": {"pp": 1, "tp": 2}})
 
 
-def make(cls, args, generate=BASE["placement"]["generate"], **strategies):
+def make(cls, args, generate=BASE["placement"]["generate"], train=None, **strategies):
     config = copy.deepcopy(BASE)
     config["placement"]["generate"] = generate
+    if train is not None:
+        config["placement"]["train"] = train
     for section, name in strategies.items():
         config[section]["strategy"] = name
     worker = cls._instantiate(WorkerContext("w", "local", 0, 1), (config, *args), {})
@@ -111,6 +113,31 @@ def test_fsdp_actor_gathers_for_each_rollout_without_placement_generate():
     np.testing.assert_array_equal(fsdp.generate_sequences(greedy)["responses"],
                                   plain.generate_sequences(greedy)["responses"])
     assert fsdp.engine.params is None and per_device_shares(fsdp.state.params) == {8}
+
+
+def test_pure_fsdp_actor_generates_on_a_merged_pipeline_layout():
+    """``actor.strategy=fsdp`` on ``tp=1`` (the ``fsdp`` rule set: layers over pp, embed over dp), training
+    (pp=2, tp=1, dp=4) -> generating with pp_g=1 (d_g=2): the chunked reshard gathers over micro-DP x DP, greedy
+    tokens equal a megatron actor's generating on its training layout, the round trip is bit-identical and no
+    generation-layout array outlives the rollout."""
+    train = {"pp": 2, "tp": 1, "dp": 4}
+    plain = make(ActorRolloutRefWorker, ("actor_rollout",), generate={}, train=train)
+    fsdp = make(ActorRolloutRefWorker, ("actor_rollout",), generate={"pp": 1, "tp": 1}, train=train, actor="fsdp")
+    assert plain.layout is None and fsdp.rule_set.name == "fsdp"
+    assert fsdp.layout.gen.dg == 2 and dict(fsdp.layout.mesh.shape) == {"pp_g": 1, "tp_g": 1, "dg": 2, "dp": 4}
+    assert fsdp.layout.engine.chunked is not None
+    assert per_device_shares(fsdp.state.params) == {8}
+    before = [np.asarray(x) for x in jax.tree.leaves(fsdp.state.params)]
+    greedy = prompt_batch(5, greedy=True, n=1)
+    a, b = fsdp.generate_sequences(greedy), plain.generate_sequences(greedy)
+    np.testing.assert_array_equal(a["responses"], b["responses"])
+    np.testing.assert_allclose(a["rollout_log_probs"], b["rollout_log_probs"], atol=1e-5)
+    assert a["response_mask"].sum() > PROMPTS
+    for x, y in zip(before, jax.tree.leaves(fsdp.state.params)):
+        np.testing.assert_array_equal(x, np.asarray(y))
+    gc.collect()
+    assert not [x for x in jax.live_arrays()
+                if getattr(x.sharding, "mesh", None) == fsdp.layout.mesh and not x.is_deleted()]
 
 
 def test_critic_follows_critic_strategy():

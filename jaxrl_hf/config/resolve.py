@@ -19,6 +19,11 @@ def critic_enabled(config: RunConfig) -> bool:
     return name in ADV_ESTIMATORS and "values" in adv_estimator_needs(name)
 
 
+def _or_actor(value: int | None, actor_value: int) -> int:
+    """``value`` unless unset (``None``: the actor's). Not ``or``: a 0 must reach validation."""
+    return actor_value if value is None else value
+
+
 def resolve_defaults(config: RunConfig) -> RunConfig:
     """A copy of ``config`` with every ``None``-means-derived field filled in."""
     config = resolve_cluster(config)  # a shallow copy: sections below are replaced, never mutated
@@ -47,8 +52,12 @@ def resolve_defaults(config: RunConfig) -> RunConfig:
         ppo_mini_batch_size=config.critic.ppo_mini_batch_size or actor.ppo_mini_batch_size,
         ppo_micro_batch_size_per_device=config.critic.ppo_micro_batch_size_per_device or actor.ppo_micro_batch_size_per_device,
         ppo_epochs=config.critic.ppo_epochs or actor.ppo_epochs,
+        ulysses_sequence_parallel_size=_or_actor(config.critic.ulysses_sequence_parallel_size,
+                                                 actor.ulysses_sequence_parallel_size),
         optim=dataclasses.replace(config.critic.optim, total_steps=config.critic.optim.total_steps or trainer.total_steps),
     )
+    config.ref = dataclasses.replace(config.ref, ulysses_sequence_parallel_size=_or_actor(
+        config.ref.ulysses_sequence_parallel_size, actor.ulysses_sequence_parallel_size))
     name = trainer.experiment_name or config.algo
     config.trainer = dataclasses.replace(
         trainer, experiment_name=name, run_dir=trainer.run_dir or f"runs/{name}"

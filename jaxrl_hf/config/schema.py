@@ -176,7 +176,15 @@ class ActorConfig:
     strategy: str = "megatron"
     """Sharding rule set of the actor's (and the reference's) params, grads and optimizer state, by name in
     ``jaxrl_hf.mesh.RULE_SETS``: ``megatron`` (tp/pp, replicated over dp), ``fsdp`` / ``fsdp2`` (verl's
-    spellings: ZeRO-3 over dp; ``fsdp_tp`` when ``placement.train.tp > 1``), ``fsdp_tp``."""
+    spellings: ZeRO-3 over dp; ``fsdp_tp`` when ``placement.train.tp > 1``), ``fsdp_tp``; with
+    ``ulysses_sequence_parallel_size > 1`` their sequence-parallel variants (``sp``, ``fsdp_sp``, ``fsdp_tp_sp``)."""
+    ulysses_sequence_parallel_size: int = 1
+    """Ulysses sequence parallelism of actor training and log-probs (and the reference's): groups of this many
+    data-parallel devices (it must divide ``placement.train.dp``) share rows, each holding ``1/sp`` of every
+    sequence; attention switches to whole sequences over ``1/sp`` of the heads by an all-to-all. The query heads
+    must divide by ``tp·sp``; fewer kv heads are repeated. Rows split over ``placement.train.dp / sp`` groups, so
+    ``ppo_micro_batch_size_per_device`` counts rows per group (verl's meaning). Sequences are left-padded to a
+    multiple of it. Rollouts do not use it (rows spread over all ``dp`` devices)."""
 
 
 @dataclass
@@ -241,6 +249,10 @@ class RolloutConfig:
 class RefConfig:
     """Reference policy; uses ``model`` (a frozen copy of the initial actor)."""
 
+    ulysses_sequence_parallel_size: Optional[int] = None
+    """verl's key; the reference lives on the actor's mesh, so it must equal
+    ``actor.ulysses_sequence_parallel_size`` (null: the actor's)."""
+
 
 # -------------------------------------------------------------------------------------------- critic
 
@@ -269,6 +281,9 @@ class CriticConfig:
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
     strategy: str = "megatron"
     """Sharding rule set of the critic (as ``actor.strategy``)."""
+    ulysses_sequence_parallel_size: Optional[int] = None
+    """Ulysses sequence parallelism of the critic (as ``actor.ulysses_sequence_parallel_size``). Null: the
+    actor's (verl's own default is 1; following the actor keeps a long-sequence run's critic within memory too)."""
 
 
 # ----------------------------------------------------------------------------------------- algorithm

@@ -56,30 +56,56 @@ def check_placement(config: RunConfig) -> None:
                   f"must divide placement.train.{name}={train_size} (3D-HybridEngine); valid: {valid}")
 
 
+def check_sequence_parallel(config: RunConfig) -> None:
+    """Ulysses sizes (``<role>.ulysses_sequence_parallel_size``): integers >= 1 dividing ``placement.train.dp``
+    (the sp groups are taken out of the data-parallel devices); the reference's equals the actor's (one mesh)."""
+    dp, actor_sp = config.placement.train.dp, config.actor.ulysses_sequence_parallel_size
+    roles = [("actor", actor_sp), ("ref", config.ref.ulysses_sequence_parallel_size)]
+    if config.critic.enable:
+        roles.append(("critic", config.critic.ulysses_sequence_parallel_size))
+    for role, sp in roles:
+        key = f"{role}.ulysses_sequence_parallel_size"
+        if isinstance(sp, bool) or not isinstance(sp, int) or sp < 1:
+            _fail(key, sp, "must be an integer >= 1 (1: no sequence parallelism)")
+        if dp % sp:
+            valid = [k for k in range(1, dp + 1) if dp % k == 0]
+            _fail(key, sp, f"must divide placement.train.dp={dp}: each group of sp data-parallel devices shares rows, "
+                           f"each holding 1/sp of the sequence; valid: {valid}")
+    if config.ref.ulysses_sequence_parallel_size != actor_sp:
+        _fail("ref.ulysses_sequence_parallel_size", config.ref.ulysses_sequence_parallel_size,
+              f"the reference runs on the actor's mesh: must equal actor.ulysses_sequence_parallel_size={actor_sp} "
+              "(or be left unset)")
+
+
 def check_batch_arithmetic(config: RunConfig) -> None:
-    """train_batch_size·n sequences split into mini-batches, mini-batches into dp shards of micro-batches."""
+    """train_batch_size·n sequences split into mini-batches, mini-batches into dp shards of micro-batches (with
+    sequence parallelism the rows split over the ``dp/sp`` groups: verl's meaning of the per-device sizes)."""
     d, n, dp = config.data, config.rollout.n, train_dp_size(config)
     _positive("data.train_batch_size", d.train_batch_size)
     _positive("rollout.n", n)
-    roles = [("actor", config.actor.ppo_mini_batch_size, config.actor.ppo_micro_batch_size_per_device)]
+    roles = [("actor", config.actor.ppo_mini_batch_size, config.actor.ppo_micro_batch_size_per_device,
+              config.actor.ulysses_sequence_parallel_size)]
     if config.critic.enable:
-        roles.append(("critic", config.critic.ppo_mini_batch_size, config.critic.ppo_micro_batch_size_per_device))
-    for role, mini, micro in roles:
+        roles.append(("critic", config.critic.ppo_mini_batch_size, config.critic.ppo_micro_batch_size_per_device,
+                      config.critic.ulysses_sequence_parallel_size))
+    for role, mini, micro, sp in roles:
         _positive(f"{role}.ppo_mini_batch_size", mini)
         _positive(f"{role}.ppo_micro_batch_size_per_device", micro)
         if d.train_batch_size % mini:
             _fail(f"{role}.ppo_mini_batch_size", mini,
                   f"data.train_batch_size={d.train_batch_size} (prompts) must be a multiple of it")
-        sequences = mini * n
-        if sequences % dp:
+        sequences, groups = mini * n, dp // sp
+        over = f"placement.train.dp={dp}" if sp == 1 else \
+            f"placement.train.dp/{role}.ulysses_sequence_parallel_size = {dp}/{sp} = {groups} sequence-parallel groups"
+        if sequences % groups:
             _fail(f"{role}.ppo_mini_batch_size", mini,
                   f"a mini-batch of {mini} prompts x rollout.n={n} = {sequences} sequences must split evenly over "
-                  f"placement.train.dp={dp}")
-        per_rank = sequences // dp
+                  f"{over}")
+        per_rank = sequences // groups
         if per_rank % micro:
             _fail(f"{role}.ppo_micro_batch_size_per_device", micro,
                   f"must divide the {per_rank} sequences per dp rank of a mini-batch "
-                  f"({role}.ppo_mini_batch_size={mini} x rollout.n={n} / placement.train.dp={dp})")
+                  f"({role}.ppo_mini_batch_size={mini} x rollout.n={n} / {over})")
     if (d.train_batch_size * n) % dp:
         _fail("data.train_batch_size", d.train_batch_size,
               f"train_batch_size x rollout.n={n} must be a multiple of placement.train.dp={dp}")
@@ -221,6 +247,7 @@ def validate_config(config: RunConfig) -> None:
     """All checks; raises ``ConfigError`` on the first problem."""
     check_registered_names(config)
     check_placement(config)
+    check_sequence_parallel(config)
     check_batch_arithmetic(config)
     check_algorithm(config)
     check_actor(config)

@@ -30,7 +30,7 @@ from jaxrl_hf.memory_plan.cost_model import cost_model_inputs, predict
 from jaxrl_hf.memory_plan.report import collective_counts, memory_stats
 from jaxrl_hf.memory_plan.verl_keys import PlanKeys, classify_keys
 from jaxrl_hf.models.known_configs import known_decoder_config
-from jaxrl_hf.workers.common import WorkerConfigError, train_rule_set
+from jaxrl_hf.workers.common import WorkerConfigError, train_parallel, train_rule_set
 from jaxrl_hf.workers.generation_layout import generation_parallel
 
 # The plan's defaults, applied before the user's keys, are verl's (the keys plan verl commands as written):
@@ -75,28 +75,41 @@ def _cluster_overrides(keys: PlanKeys, devices: int) -> list[str]:
 def _check_generation_layout(config: RunConfig) -> None:
     """Raise `WorkerConfigError` when the worker would reject ``placement.generate`` over ``placement.train``."""
     t = config.placement.train
-    train = meshlib.TrainParallel(t.pp, t.tp, t.dp)
+    train = train_parallel(config.placement, sp=config.actor.ulysses_sequence_parallel_size,
+                           devices=t.pp * t.tp * t.dp)
     generation_parallel(config.placement, train, rule_set=train_rule_set(config, "actor", train))
 
 
 def _raised_train_tp(keys: PlanKeys) -> list[str]:
     """verl's rollout TP is free of the training layout; this framework's generation layout is not (the
     3D-HybridEngine generates with ``tp_g | tp``). For a ``placement.generate.tp`` (verl's
-    ``rollout.tensor_model_parallel_size``) that does not divide ``placement.train.tp``: the override raising the
-    training tp to it (ZeRO-3's ``fsdp`` then resolves to ``fsdp_tp``: params still sharded over every device);
-    else none."""
-    gen_tp, train_tp = keys.raw_value("placement.generate.tp"), keys.raw_value("placement.train.tp") or "1"
-    try:
-        g, t = int(gen_tp), int(train_tp)
-    except (TypeError, ValueError):
-        return []  # unset, null or not a number: the loader's own error stands
-    return [f"placement.train.tp={g}"] if g > 0 and t % g else []
+    ``rollout.tensor_model_parallel_size``) that does not divide ``placement.train.tp``: the overrides raising the
+    training tp to it (ZeRO-3's ``fsdp`` then resolves to ``fsdp_tp``: params still sharded over every device)
+    and dividing a Ulysses size by the same factor, so each sequence still spans ``tp·sp`` devices (the attention
+    heads split over ``tp·sp``); none when that is not possible (the loader's or worker's own error stands)."""
+    def number(key: str, default: str) -> int | None:
+        try:
+            return int(keys.raw_value(key) or default)
+        except ValueError:
+            return None
+
+    g, t = number("placement.generate.tp", "0"), number("placement.train.tp", "1")
+    if not g or not t or g % t:
+        return []
+    out, factor = [f"placement.train.tp={g}"], g // t
+    for key in ("actor.ulysses_sequence_parallel_size", "ref.ulysses_sequence_parallel_size"):
+        sp = number(key, "1")
+        if keys.raw_value(key) is not None and sp and sp > 1:
+            if sp % factor:
+                return []
+            out.append(f"{key}={sp // factor}")
+    return out
 
 
 def load_plan_config(args: Sequence[str], devices: int, algo: str = "dapo") -> tuple[RunConfig, PlanKeys]:
     """The run config the worker would get from verl's ``args`` on ``devices`` devices, and the sorted keys. Only
-    when the loader or the worker rejects the generation tp is the training tp raised to it (`_raised_train_tp`,
-    noted among the mapped keys), so a layout the framework accepts is planned as given."""
+    when the loader or the worker rejects the generation tp is the training layout changed for it
+    (`_raised_train_tp`, noted among the mapped keys), so a layout the framework accepts is planned as given."""
     keys = classify_keys(list(args))
     overrides = [*PLAN_DEFAULTS, *_cluster_overrides(keys, devices), *keys.overrides]
     try:
@@ -112,9 +125,11 @@ def load_plan_config(args: Sequence[str], devices: int, algo: str = "dapo") -> t
         _check_generation_layout(config)
     except ConfigError as err:
         raise ValueError(str(err)) from None
-    old = keys.raw_value("placement.train.tp") or "1"
-    keys.mapped.append(("placement.train.tp", f"{extra[0].split('=')[1]} (raised from {old}: the generation tp "
-                                              "must divide the training tp)"))
+    for text in extra:
+        key, value = text.split("=")
+        old = keys.raw_value(key) or "1"
+        keys.mapped.append((key, f"{value} (was {old}: the generation tp must divide the training tp"
+                                 + ("; tp·sp devices per sequence kept)" if "ulysses" in key else ")")))
     return config, keys
 
 

@@ -13,7 +13,8 @@ allocated, so a 70B plan compiles on a laptop. The programs are the worker's own
   KV cache of ``max_prompt_length + response_length`` slots for the decode batch (`decode_batch`), the cache
   donated as the engine's while-loop carry is. Prefill is not planned.
 
-Shapes are the padded ones the worker runs on main: ``T = rollout.max_prompt_length + rollout.response_length``.
+Shapes are the padded ones the worker runs: ``T = rollout.max_prompt_length + rollout.response_length``, left-padded
+to a multiple of the Ulysses size ``actor.ulysses_sequence_parallel_size`` (the ``sp`` mesh axis) in training.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ from jaxrl_hf.models import DecoderConfig, init_kv_cache, make_module, param_log
 from jaxrl_hf.models.llama import KV_CACHE_LOGICAL_AXES
 from jaxrl_hf.rollout.jax_engine import decode_step
 from jaxrl_hf.workers.actor_programs import LOG_PROB_INPUTS, build_actor_update, log_probs_program
-from jaxrl_hf.workers.common import WorkerConfigError, lm_param_shardings, rows_sharding, train_rule_set
+from jaxrl_hf.workers.common import (check_sequence_parallel_heads, lm_param_shardings, rows_sharding,
+                                     train_parallel, train_rule_set)
 from jaxrl_hf.workers.generation_layout import GenerationLayout, generation_parallel
 from jaxrl_hf.workers.losses import lm_log_prob_fn
 from jaxrl_hf.workers.minibatch import MiniBatchPlan
@@ -73,11 +75,9 @@ class ActorLayout:
     def build(cls, config: RunConfig, model: DecoderConfig, devices: list[jax.Device]) -> "ActorLayout":
         """``placement.train`` (pp·tp·dp must be ``len(devices)``), ``actor.strategy`` and ``placement.generate``
         through the worker's own functions; errors name the keys."""
-        t = config.placement.train
-        if t.pp * t.tp * t.dp != len(devices):
-            raise WorkerConfigError(f"placement.train: pp·tp·dp = {t.pp}·{t.tp}·{t.dp} = {t.pp * t.tp * t.dp} but "
-                                    f"the plan has {len(devices)} devices")
-        train = meshlib.TrainParallel(t.pp, t.tp, t.dp)
+        train = train_parallel(config.placement, sp=config.actor.ulysses_sequence_parallel_size,
+                               devices=len(devices))
+        check_sequence_parallel_heads(model, train, "actor.ulysses_sequence_parallel_size")
         rule_set = train_rule_set(config, "actor", train)
         gen = generation_parallel(config.placement, train, rule_set=rule_set)
         mesh = meshlib.build_train_mesh(train, devices)
@@ -93,6 +93,17 @@ class ActorLayout:
     def seq_lengths(self) -> tuple[int, int]:
         """``(P, R)``: the rollout's prompt and response lengths."""
         return self.config.rollout.max_prompt_length, self.config.rollout.response_length
+
+    @property
+    def train_width(self) -> int:
+        """Width of the token columns in training passes: ``P + R`` left-padded to a multiple of the Ulysses size
+        (`jaxrl_hf.workers.common.pad_sequences_to`)."""
+        return -(-sum(self.seq_lengths) // self.train.sp) * self.train.sp
+
+    @property
+    def dp_devices(self) -> int:
+        """The ``dp`` mesh axis (rows are split over it): ``placement.train.dp / sp``."""
+        return int(self.mesh.shape["dp"])
 
 
 @dataclasses.dataclass
@@ -113,11 +124,11 @@ def _compile(lowerable: Any, *args: Any, **kwargs: Any) -> tuple[Any, float]:
     return compiled, time.perf_counter() - start
 
 
-def _columns(keys: tuple[str, ...], lead: tuple[int, ...], prompt_len: int, response_len: int,
+def _columns(keys: tuple[str, ...], lead: tuple[int, ...], full_width: int, response_len: int,
              sharding: NamedSharding) -> dict[str, jax.ShapeDtypeStruct]:
     out = {}
     for key in keys:
-        width = prompt_len + response_len if key in FULL_WIDTH_COLUMNS else response_len
+        width = full_width if key in FULL_WIDTH_COLUMNS else response_len
         dtype = jnp.int32 if key in INT_COLUMNS else jnp.float32
         out[key] = jax.ShapeDtypeStruct((*lead, width), dtype, sharding=sharding)
     return out
@@ -133,18 +144,18 @@ def update_actor_program(layout: ActorLayout) -> CompiledProgram:
     opt_state = abstract(opt_shapes, update.state_shardings.opt_state)
     step = jax.ShapeDtypeStruct((), jnp.int32, sharding=update.state_shardings.step)
     state = type(update.state_shardings)(layout.params, opt_state, step)
-    actor, dp = config.actor, layout.train.dp
+    actor, dp = config.actor, layout.dp_devices
     mini_rows = actor.ppo_mini_batch_size * config.rollout.n
     plan = MiniBatchPlan.build(mini_rows, mini_batch_prompts=actor.ppo_mini_batch_size,
                                samples_per_prompt=config.rollout.n,
                                micro_per_device=actor.ppo_micro_batch_size_per_device, dp_devices=dp,
                                dp_processes=1, where="actor")
-    prompt_len, response_len = layout.seq_lengths
-    micro = _columns(update.loss_cfg.required_keys(), (plan.num_micro, plan.micro_rows), prompt_len, response_len,
-                     rows_sharding(mesh, 3, micro_axis=True))
+    response_len = layout.seq_lengths[1]
+    micro = _columns(update.loss_cfg.required_keys(), (plan.num_micro, plan.micro_rows), layout.train_width,
+                     response_len, rows_sharding(mesh, 3, micro_axis=True))
     compiled, seconds = _compile(update.step, state, micro)
     shapes = {"num_micro": plan.num_micro, "micro_rows": plan.micro_rows,
-              "micro_rows_per_device": actor.ppo_micro_batch_size_per_device, "seq_len": prompt_len + response_len,
+              "micro_rows_per_device": actor.ppo_micro_batch_size_per_device, "seq_len": layout.train_width,
               "columns": sorted(micro)}
     return CompiledProgram("update_actor", compiled, shapes, tree_bytes_per_device(layout.params),
                            tree_bytes_per_device(opt_state), seconds)
@@ -154,13 +165,12 @@ def log_prob_program(layout: ActorLayout) -> CompiledProgram:
     """The worker's ``compute_log_prob`` program for one log-prob micro-batch (module docstring)."""
     config, mesh = layout.config, layout.mesh
     log_prob_fn = lm_log_prob_fn(layout.model, mesh, layout.rule_set.activations)
-    rows = config.actor.log_prob_micro_batch_size_per_device * layout.train.dp
-    prompt_len, response_len = layout.seq_lengths
-    micro = _columns(LOG_PROB_INPUTS, (rows,), prompt_len, response_len, rows_sharding(mesh, 2))
+    rows = config.actor.log_prob_micro_batch_size_per_device * layout.dp_devices
+    micro = _columns(LOG_PROB_INPUTS, (rows,), layout.train_width, layout.seq_lengths[1], rows_sharding(mesh, 2))
     temperature = jax.ShapeDtypeStruct((), jnp.float32)
     compiled, seconds = _compile(log_probs_program, layout.params, micro, temperature, log_prob_fn=log_prob_fn)
     shapes = {"rows": rows, "rows_per_device": config.actor.log_prob_micro_batch_size_per_device,
-              "seq_len": prompt_len + response_len}
+              "seq_len": layout.train_width}
     return CompiledProgram("log_prob", compiled, shapes, tree_bytes_per_device(layout.params), 0, seconds)
 
 

@@ -6,7 +6,10 @@ LM head (tied to the embedding or separate).
 
 Parameters carry logical axes (``vocab``, ``embed``, ``mlp``, ``heads``, ``kv_heads``, ``head_dim``;
 the layers are stacked by ``nn.scan`` on a leading ``layers`` axis) and activations are constrained
-to (``batch``, ``length``, ...). ``mesh/`` maps these names to mesh axes with rules.
+to (``batch``, ``length``, ...); inside attention, around the score and value products, to (``batch``,
+``attn_length``, ``attn_heads``/``attn_kv_heads``, ``head_dim``), so a rule set may lay the sequence out
+differently there (Ulysses sequence parallelism: ``length`` split outside, heads split inside; the constraints
+become all-to-alls). ``mesh/`` maps these names to mesh axes with rules.
 
 Param tree of ``CausalLM`` (shapes without the ``layers`` axis where stacked)::
 
@@ -31,6 +34,7 @@ Writing per layer inside the scan instead would copy every layer's whole cache o
 
 from __future__ import annotations
 
+import math
 from typing import Any, Sequence
 
 import flax.linen as nn
@@ -63,6 +67,18 @@ def constrain(x: Array, names: Sequence[str | None], mesh: Any = None, rules: An
         spec = logical_to_spec(tuple(names), rules)
         return jax.lax.with_sharding_constraint(x, jax.sharding.NamedSharding(mesh, spec))
     return nn.with_logical_constraint(x, tuple(names))
+
+
+def kv_head_repeats(num_kv_heads: int, mesh: Any = None, rules: Any = None) -> int:
+    """How many copies of each kv head attention works on: 1 unless ``attn_heads`` (the query heads inside
+    attention) is split over more devices ``m`` than the kv heads divide into; then ``m / gcd(kv_heads, m)``, the
+    fewest copies that split as evenly as the query heads (Ulysses with fewer kv heads than ``tp·sp``; verl
+    repeats them too). Exact: query head ``i`` still attends with its own kv head, ``i // groups``."""
+    if mesh is None or rules is None:
+        return 1
+    axes = logical_to_spec(("attn_heads",), rules)[0]
+    shards = int(np.prod([mesh.shape[a] for a in ((axes,) if isinstance(axes, str) else axes or ())]))
+    return shards // math.gcd(num_kv_heads, shards)
 
 
 def _init(initializer: Any, names: tuple[str, ...]) -> Any:
@@ -190,8 +206,19 @@ class Attention(nn.Module):
             new_kv = {"k": kk, "v": v}
             kk, v = kk.astype(dt), v.astype(dt)
 
+        # the attention layout: whole sequence, heads split (an all-to-all where ``length`` was split)
+        repeats = kv_head_repeats(k, self.mesh, self.rules)
+        if repeats > 1:
+            if layer_cache is not None:
+                raise ValueError(f"attention with kv heads repeated {repeats}x (attn_heads split over more devices "
+                                 f"than the {k} kv heads) has no KV-cache path; generation layouts do not do this")
+            kk, v, k = jnp.repeat(kk, repeats, axis=2), jnp.repeat(v, repeats, axis=2), k * repeats
+        q = constrain(q, ("batch", "attn_length", "attn_heads", "head_dim"), self.mesh, self.rules)
+        kk = constrain(kk, ("batch", "attn_length", "attn_kv_heads", "head_dim"), self.mesh, self.rules)
+        v = constrain(v, ("batch", "attn_length", "attn_kv_heads", "head_dim"), self.mesh, self.rules)
+
         b, t = x.shape[0], x.shape[1]
-        g = c.num_query_groups
+        g = h // k
         qg = q.reshape(b, t, k, g, d)
         scale = d ** -0.5
         cached_len = 0 if layer_cache is None else layer_cache["k"].shape[1]
@@ -207,7 +234,8 @@ class Attention(nn.Module):
         else:
             probs = jax.nn.softmax(scores, axis=-1).astype(dt)
             out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
-        out = out.reshape(b, t, h, d)
+        out = constrain(out.reshape(b, t, h, d), ("batch", "attn_length", "attn_heads", "head_dim"), self.mesh,
+                        self.rules)
         out = constrain(out, ("batch", "length", "heads", "head_dim"), self.mesh, self.rules)
         y = _Proj(h * d, (e,), ("heads", "head_dim", "embed"), ("embed",) if c.o_bias else None, dt, pdt,
                   contract_dims=2, name="o_proj")(out)

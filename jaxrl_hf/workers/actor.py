@@ -21,7 +21,10 @@ slices the training params back, freeing the generation copy. vLLM keeps its own
 runs TP=1 on CPU, so with ``rollout.name=vllm`` no generation mesh is built: each weight sync streams the
 training-layout leaves, gathering a sharded leaf to one host buffer at a time (``rollout.weight_sync``).
 ``actor.offload_optimizer`` keeps the optimizer state in host memory outside ``update_actor``
-(`jaxrl_hf.workers.offload`).
+(`jaxrl_hf.workers.offload`). ``actor.ulysses_sequence_parallel_size > 1`` (Ulysses) adds an ``sp`` axis to the
+training mesh: rows over ``dp``, the sequence over ``sp`` (left-padded to a multiple of it), the strategy's
+sequence-parallel rule set; rollouts then always go through a generation layout, which spreads rows over every
+device and does not split sequences.
 
 Rollout loop: ``generate_sequences`` runs ``rollout.loop`` (`jaxrl_hf.rollout.loops`, default ``single_turn``) on
 the engine, inside the reshard above; the loop assembles the output columns.
@@ -48,9 +51,9 @@ from jaxrl_hf.rollout import ENGINE_NAMES, JaxGenerationEngine, RolloutEngine, S
 from jaxrl_hf.rollout.loops import RolloutRequest, make_rollout_loop
 from jaxrl_hf.workers import checkpoint as ckpt
 from jaxrl_hf.workers.actor_programs import LOG_PROB_INPUTS, build_actor_update, log_probs_program
-from jaxrl_hf.workers.common import (LoadedModel, WorkerConfigError, chunked_apply, copy_tokenizer_files,
-                                     lm_param_shardings, load_model, reference_params, to_global, train_parallel,
-                                     train_rule_set, worker_run_config)
+from jaxrl_hf.workers.common import (LoadedModel, WorkerConfigError, check_sequence_parallel_heads, chunked_apply,
+                                     copy_tokenizer_files, lm_param_shardings, load_model, pad_sequences_to,
+                                     reference_params, to_global, train_parallel, train_rule_set, worker_run_config)
 from jaxrl_hf.workers.generation_layout import GenerationLayout, generation_parallel
 from jaxrl_hf.workers.losses import lm_log_prob_fn
 from jaxrl_hf.workers.minibatch import MiniBatchPlan, iterate_minibatches, mean_metrics
@@ -74,7 +77,7 @@ class ActorRolloutRefWorker(Worker):
             raise WorkerConfigError(f"ActorRolloutRefWorker role={role!r}; valid: {list(ROLES)}")
         self.config, self.worker_role = worker_run_config(config), role
         self.has_actor, self.has_ref = role != "ref", role in ("actor_rollout_ref", "ref")
-        self.train = train_parallel(self.config.placement)
+        self.train = train_parallel(self.config.placement, sp=self.config.actor.ulysses_sequence_parallel_size)
         self.rule_set = train_rule_set(self.config, "actor", self.train)  # the ref follows the actor
         self.gen = generation_parallel(self.config.placement, self.train, rule_set=self.rule_set)
         offload = self.config.actor.offload_optimizer
@@ -104,7 +107,7 @@ class ActorRolloutRefWorker(Worker):
 
     @property
     def dp_devices(self) -> int:
-        """Size of the ``dp`` mesh axis (micro-batches are split this many ways)."""
+        """Size of the ``dp`` mesh axis (micro-batches are split this many ways): ``placement.train.dp / sp``."""
         return int(self.mesh.shape["dp"])
 
     def _require_model(self, method: str) -> None:
@@ -117,6 +120,7 @@ class ActorRolloutRefWorker(Worker):
         engine and (for roles with a reference) the frozen reference copy. Returns a small summary."""
         self.model = load_model(self.config.model)
         config = self.model.config
+        check_sequence_parallel_heads(config, self.train, "actor.ulysses_sequence_parallel_size")
         shardings = lm_param_shardings(config, self.model.params, self.mesh, self.gen, self.rule_set)
         if self.gen is not None and self.has_actor and self.engine_name == "jax":
             shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), jnp.asarray(x).dtype), self.model.params)
@@ -198,10 +202,12 @@ class ActorRolloutRefWorker(Worker):
         try:
             multiprocess.check_row_groups(slabs, groups)
         except ValueError as err:
+            sp = (" and each Ulysses group (actor.ulysses_sequence_parallel_size: its devices share rows in training, "
+                  "not in generation)" if self.train.sp > 1 else "")
             raise WorkerConfigError(
                 f"placement.num_processes={jax.process_count()} with placement.generate={self.gen.label()} over "
                 f"placement.train={self.train.label()}: {err}. Keep each training replica's generation micro-DP "
-                "group inside one process (a placement.generate whose micro-DP groups stay on one process), use "
+                f"group{sp} inside one process (a placement.generate whose micro-DP groups stay on one process), use "
                 "placement.num_processes=1, or leave placement.generate unset") from None
 
     @contextlib.contextmanager
@@ -298,8 +304,9 @@ class ActorRolloutRefWorker(Worker):
         per_device = self.config.actor.log_prob_micro_batch_size_per_device
         chunk = per_device * self.dp_devices // self.dp_processes
         program = functools.partial(log_probs_program, log_prob_fn=self.log_prob_fn)
-        logp, ent = chunked_apply(program, params, {k: batch[k] for k in LOG_PROB_INPUTS}, chunk, self.mesh,
-                                  self.dp_processes, jnp.float32(temperature))
+        inputs = pad_sequences_to({k: batch[k] for k in LOG_PROB_INPUTS}, self.train.sp)
+        logp, ent = chunked_apply(program, params, inputs, chunk, self.mesh, self.dp_processes,
+                                  jnp.float32(temperature))
         if "response_mask" in batch:
             valid = np.asarray(batch["response_mask"]) != 0
             logp, ent = logp * valid, ent * valid
@@ -355,6 +362,7 @@ class ActorRolloutRefWorker(Worker):
         if pad:
             arrays["response_mask"] = arrays["response_mask"].copy()
             arrays["response_mask"][len(batch) - pad:] = 0
+        arrays = pad_sequences_to(arrays, self.train.sp)
         plan = self.minibatch_plan(len(batch))
         if self.offload is not None:
             self.state = self.offload.restore(self.state)

@@ -2,8 +2,10 @@
 
 Each worker process holds a slice of every data batch (its dp shard, from the controller's MESH_DP
 protocol) and runs SPMD programs over the role's mesh ``('pp','tp','dp')`` spanning all processes'
-devices. ``to_global`` turns the process's rows into a global ``jax.Array`` sharded on the ``dp`` axis;
-``process_local_rows`` (controller) turns a result back into the process's rows.
+devices (``('pp','tp','dp','sp')`` with Ulysses sequence parallelism: the ``sp`` devices of a group hold the
+same rows, so the controller hands them the same shard). ``to_global`` turns the process's rows into a global
+``jax.Array`` sharded on the ``dp`` axis; ``process_local_rows`` (controller) turns a result back into the
+process's rows.
 """
 
 from __future__ import annotations
@@ -99,16 +101,23 @@ def load_model(model: ModelConfig, where: str = "model") -> LoadedModel:
 
 
 # ------------------------------------------------------------------------------------------ mesh
-def train_parallel(placement: PlacementConfig, where: str = "placement") -> meshlib.TrainParallel:
-    """``placement.train.{pp,tp,dp}``; must cover every device of the worker's JAX program."""
+def train_parallel(placement: PlacementConfig, where: str = "placement", sp: int = 1,
+                   sp_key: str = "actor.ulysses_sequence_parallel_size",
+                   devices: int | None = None) -> meshlib.TrainParallel:
+    """``placement.train.{pp,tp,dp}`` and the role's Ulysses size ``sp`` (config key ``sp_key``), which must
+    divide ``dp``; pp·tp·dp must cover every device of the worker's JAX program (``devices``; default all of
+    JAX's, as in a worker)."""
     pp, tp, dp = placement.train.pp, placement.train.tp, placement.train.dp
-    devices = jax.device_count()
+    devices = jax.device_count() if devices is None else devices
     if devices % (pp * tp):
         raise WorkerConfigError(f"{where}.train: pp·tp = {pp}·{tp} does not divide the {devices} devices")
     if pp * tp * dp != devices:
         raise WorkerConfigError(f"{where}.train: pp·tp·dp = {pp}·{tp}·{dp} = {pp * tp * dp} but the worker's "
                                 f"JAX program has {devices} devices (placement.num_processes × devices_per_process)")
-    return meshlib.TrainParallel(pp, tp, dp)
+    if isinstance(sp, bool) or not isinstance(sp, (int, np.integer)) or sp < 1 or dp % sp:
+        raise WorkerConfigError(f"{sp_key}={sp!r}: must be an integer >= 1 dividing {where}.train.dp={dp} (each "
+                                f"group of sp data-parallel devices shares rows, each holding 1/sp of the sequence)")
+    return meshlib.TrainParallel(pp, tp, dp, int(sp))
 
 
 def train_rule_set(config: RunConfig, role: str, train: meshlib.TrainParallel) -> meshlib.RuleSet:
@@ -121,14 +130,48 @@ def train_rule_set(config: RunConfig, role: str, train: meshlib.TrainParallel) -
     key = f"{section}.strategy"
     name = getattr(config, section).strategy
     try:
-        rule_set = meshlib.rule_set_for_strategy(name, train.tp)
+        rule_set = meshlib.rule_set_for_strategy(name, train.tp, train.sp)
     except ValueError as err:
         raise WorkerConfigError(f"{key}={name!r}: {err}") from None
-    missing = sorted(rule_set.mesh_axes() - set(meshlib.TRAIN_AXES))
+    axes = meshlib.train_mesh_axes(train)
+    missing = sorted(rule_set.mesh_axes() - set(axes))
     if missing:
+        hint = " (the sp axis exists with ulysses_sequence_parallel_size > 1)" if "sp" in missing else ""
         raise WorkerConfigError(f"{key}={name!r}: rule set {rule_set.name!r} shards over mesh axes {missing} that "
-                                f"the training mesh {meshlib.TRAIN_AXES} does not have (declared, not yet wired)")
+                                f"the training mesh {axes} does not have{hint}")
+    if train.sp > 1 and "sp" not in rule_set.mesh_axes():
+        raise WorkerConfigError(f"{key}={name!r}: {section}.ulysses_sequence_parallel_size={train.sp} but rule set "
+                                f"{rule_set.name!r} has no sequence-parallel variant (RuleSet.sp_variant) and does not "
+                                "shard over 'sp'")
     return rule_set
+
+
+def check_sequence_parallel_heads(config: DecoderConfig, train: meshlib.TrainParallel, key: str) -> None:
+    """Ulysses splits the query heads over ``tp·sp`` devices inside attention: they must divide evenly (kv heads
+    need not: attention repeats them, `jaxrl_hf.models.llama.kv_head_repeats`). ``key``: the sp config key."""
+    if train.sp > 1 and config.num_attention_heads % (train.tp * train.sp):
+        raise WorkerConfigError(f"{key}={train.sp}: the model's {config.num_attention_heads} attention heads do not "
+                                f"split over placement.train.tp·sp = {train.tp}·{train.sp} devices (Ulysses splits "
+                                "the heads inside attention); choose sp with num_attention_heads divisible by tp·sp")
+
+
+SEQUENCE_COLUMNS = ("input_ids", "attention_mask", "position_ids")
+
+
+def pad_sequences_to(arrays: Mapping[str, np.ndarray], multiple: int) -> dict[str, np.ndarray]:
+    """Left-pad the token columns (`SEQUENCE_COLUMNS`, ``[rows, P+R]``) with zeros until their width divides
+    ``multiple`` (the Ulysses size: each device holds ``1/sp`` of the sequence). An ``attention_mask`` of 0 is
+    padding, never attended, and the response stays the last ``R`` columns, so every output is unchanged."""
+    width = next((np.shape(arrays[k])[-1] for k in SEQUENCE_COLUMNS if k in arrays), None)
+    extra = 0 if width is None else (-width) % multiple
+    if not extra:
+        return dict(arrays)
+    out = dict(arrays)
+    for key in SEQUENCE_COLUMNS:
+        if key in out:
+            a = np.asarray(out[key])
+            out[key] = np.pad(a, [(0, 0)] * (a.ndim - 1) + [(extra, 0)])
+    return out
 
 
 def reference_params(params: Any, dtype: str) -> Any:

@@ -18,8 +18,9 @@ from jaxrl_hf.config.schema import RunConfig
 from jaxrl_hf.controller import PAD_ROWS_KEY, Batch, Dispatch, Worker, register
 from jaxrl_hf.models import value_param_logical_axes, value_params_from_lm
 from jaxrl_hf.workers import checkpoint as ckpt
-from jaxrl_hf.workers.common import (LoadedModel, WorkerConfigError, chunked_apply, load_model, param_shardings,
-                                     to_global, train_parallel, train_rule_set, worker_run_config)
+from jaxrl_hf.workers.common import (LoadedModel, WorkerConfigError, check_sequence_parallel_heads, chunked_apply,
+                                     load_model, pad_sequences_to, param_shardings, to_global, train_parallel,
+                                     train_rule_set, worker_run_config)
 from jaxrl_hf.workers.losses import (CRITIC_SUMMED_METRICS, critic_loss, critic_loss_config, response_denominator,
                                      value_head_fn)
 from jaxrl_hf.workers.minibatch import MiniBatchPlan, iterate_minibatches, mean_metrics
@@ -36,14 +37,16 @@ def _values_program(params: Any, micro: Mapping[str, jax.Array], *, value_fn: An
 
 
 class CriticWorker(Worker):
-    """Value model on a ``('pp','tp','dp')`` mesh. ``config``: the run's `RunConfig` (or a plain nested mapping,
+    """Value model on a ``('pp','tp','dp')`` mesh (``+ 'sp'`` with ``critic.ulysses_sequence_parallel_size > 1``,
+    as the actor's). ``config``: the run's `RunConfig` (or a plain nested mapping,
     `worker_run_config`); ``critic`` holds the optimizer/mini-batch keys; the backbone comes from
     ``critic.model`` if given, else ``model`` (the actor's initial weights)."""
 
     def __init__(self, config: RunConfig | Mapping[str, Any]):
         self.config = worker_run_config(config)
         self.critic_cfg = self.config.critic
-        self.train = train_parallel(self.config.placement)
+        self.train = train_parallel(self.config.placement, sp=self.critic_cfg.ulysses_sequence_parallel_size,
+                                    sp_key="critic.ulysses_sequence_parallel_size")
         self.rule_set = train_rule_set(self.config, "critic", self.train)
         self.mesh = meshlib.build_train_mesh(self.train, meshlib.ordered_devices())
         self.model: LoadedModel | None = None
@@ -65,6 +68,7 @@ class CriticWorker(Worker):
         model_cfg = self.critic_cfg.model or self.config.model
         self.model = load_model(model_cfg, where="critic.model" if self.critic_cfg.model else "model")
         config = self.model.config
+        check_sequence_parallel_heads(config, self.train, "critic.ulysses_sequence_parallel_size")
         params = value_params_from_lm(self.model.params, config, model_cfg.seed + 1,
                                       head_std=self.critic_cfg.value_head_init_std)
         self.model.params = None
@@ -99,8 +103,9 @@ class CriticWorker(Worker):
         if missing:
             raise KeyError(f"compute_values: Batch lacks {missing}; columns: {batch.keys()}")
         chunk = self.critic_cfg.ppo_micro_batch_size_per_device * int(self.mesh.shape["dp"]) // self.dp_processes
+        inputs = pad_sequences_to({k: batch[k] for k in VALUE_INPUTS}, self.train.sp)
         (values,) = chunked_apply(functools.partial(_values_program, value_fn=self.value_fn), self.state.params,
-                                  {k: batch[k] for k in VALUE_INPUTS}, chunk, self.mesh, self.dp_processes)
+                                  inputs, chunk, self.mesh, self.dp_processes)
         return Batch.from_dict({"values": (values * (np.asarray(batch["response_mask"]) != 0)).astype(np.float32)})
 
     @register(dispatch=Dispatch.MESH_DP)
@@ -117,6 +122,7 @@ class CriticWorker(Worker):
         if pad:
             arrays["response_mask"] = arrays["response_mask"].copy()
             arrays["response_mask"][len(batch) - pad:] = 0
+        arrays = pad_sequences_to(arrays, self.train.sp)
         c = self.critic_cfg
         plan = MiniBatchPlan.build(len(batch), mini_batch_prompts=c.ppo_mini_batch_size,
                                    samples_per_prompt=self.config.rollout.n,

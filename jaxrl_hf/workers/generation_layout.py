@@ -3,11 +3,14 @@
 The actor trains with ``p-t-d`` (``placement.train``) and may generate with a smaller model-parallel
 group ``p_g-t_g`` (``placement.generate``) on the same devices, the spare factor ``d_g = p·t/(p_g·t_g)``
 becoming micro data parallelism (§2.5.1). Before a rollout `GenerationLayout.to_generation` turns the
-training params into generation-layout params with `mesh.HybridEngine` — one compiled all-gather inside
-the micro-DP groups; every device's generation shard contains its training shard (§2.5.3), so the
-training buffers are consumed and nothing is held twice. After the rollout `to_training` slices the
-training shards back out (no communication, bit-identical) and frees the generation copy, so the
-training memory is what it was before the rollout.
+training params into generation-layout params with `mesh.HybridEngine`: all-gathers inside the micro-DP
+groups (and over ``dp`` too when the training rule set shards the params there: ``actor.strategy=fsdp``);
+every device's generation shard contains its training shard (§2.5.3), so the training buffers are consumed
+and nothing is held twice. The reshard runs leaf by leaf and ``layers_per_group`` stacked layers at a time
+(`jaxrl_hf.mesh.chunked_reshard`), so the peak parameter memory is about the generation shard rather than
+training + generation shard. After the rollout `to_training` slices the training shards back out (no
+communication, bit-identical) and frees the generation copy, so the training memory is what it was before
+the rollout.
 
 `generation_parallel` reads and validates ``placement.generate``; ``None`` means the layouts are equal
 and the actor generates on its training mesh (no reshard).
@@ -36,9 +39,10 @@ def generation_parallel(placement: PlacementConfig, train: meshlib.TrainParallel
     training pp/tp and the training ``rule_set`` keeps the params whole over ``dp`` (no reshard; an unset size
     means the training one). A rule set sharding them over ``dp`` (``fsdp``) always gets a layout (``d_g = 1``
     when equal): each rollout gathers the params over ``dp`` and frees them after, instead of the engine holding
-    a second, gathered copy. Each generation size must divide the training size (the paper's grouping takes
-    generation groups at the integral strides ``p/p_g``, ``t/t_g``); errors name the key and list the valid
-    values."""
+    a second, gathered copy. So does sequence-parallel training (``train.sp > 1``): generation does not split
+    sequences, and its mesh spreads the rows over the whole data-parallel world (``dp·sp`` devices). Each
+    generation size must divide the training size (the paper's grouping takes generation groups at the integral
+    strides ``p/p_g``, ``t/t_g``); errors name the key and list the valid values."""
     sizes = {}
     for name, train_size in (("pp", train.pp), ("tp", train.tp)):
         value = getattr(placement.generate, name)
@@ -50,7 +54,8 @@ def generation_parallel(placement: PlacementConfig, train: meshlib.TrainParallel
                 f"{where}.generate.{name}={value!r}: must divide {where}.train.{name}={train_size} "
                 f"(3D-HybridEngine, HybridFlow §2.5); valid: {valid}")
         sizes[name] = int(value)
-    if (sizes["pp"], sizes["tp"]) == (train.pp, train.tp) and "dp" not in rule_set.param_mesh_axes():
+    if (sizes["pp"], sizes["tp"]) == (train.pp, train.tp) and "dp" not in rule_set.param_mesh_axes() \
+            and train.sp == 1:
         return None
     return meshlib.GenParallel(train, sizes["pp"], sizes["tp"])
 
@@ -69,10 +74,12 @@ class GenerationLayout:
 
     @classmethod
     def build(cls, gen: meshlib.GenParallel, logical_axes: Any, param_shapes: Any,
-              devices: Any = None, rule_set: meshlib.RuleSet = meshlib.MEGATRON) -> "GenerationLayout":
+              devices: Any = None, rule_set: meshlib.RuleSet = meshlib.MEGATRON,
+              layers_per_group: int | None = meshlib.DEFAULT_LAYERS_PER_GROUP) -> "GenerationLayout":
         """Meshes and compiled-on-first-use reshard programs for ``gen`` over ``devices`` (rank order), from the
-        training layout ``rule_set``."""
-        return cls(gen, meshlib.HybridEngine(gen, logical_axes, param_shapes, devices, rule_set))
+        training layout ``rule_set``; ``layers_per_group`` stacked layers per reshard program (``None``: one
+        program for the whole tree, peak = training + generation shard)."""
+        return cls(gen, meshlib.HybridEngine(gen, logical_axes, param_shapes, devices, rule_set, layers_per_group))
 
     @property
     def mesh(self) -> jax.sharding.Mesh:

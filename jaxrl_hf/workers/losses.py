@@ -25,6 +25,7 @@ from jaxrl_hf import algos
 from jaxrl_hf.config.schema import ActorConfig, CriticConfig
 from jaxrl_hf.models.config import DecoderConfig
 from jaxrl_hf.models.forward import hidden_states, lm_head_kernel
+from jaxrl_hf.models.llama import constrain
 from jaxrl_hf.models.logprobs import log_probs_and_entropy_from_hidden
 from jaxrl_hf.models.value_head import value_forward
 
@@ -46,15 +47,23 @@ def response_log_probs(params: Any, config: DecoderConfig, input_ids: Array, att
         raise ValueError(f"input_ids width {input_ids.shape[1]} leaves no prompt before {response_length} response tokens")
     h = hidden[:, prompt_len - 1:-1]
     kernel = lm_head_kernel(params, config).astype(jnp.dtype(config.dtype))
-    return log_probs_and_entropy_from_hidden(h, kernel, input_ids[:, prompt_len:], temperature, chunk_size,
-                                             with_entropy)
+    log_prob, entropy = log_probs_and_entropy_from_hidden(h, kernel, input_ids[:, prompt_len:], temperature,
+                                                          chunk_size, with_entropy)
+    return whole_rows(log_prob, mesh, rules), whole_rows(entropy, mesh, rules)
+
+
+def whole_rows(per_token: Array, mesh: Any = None, rules: Any = None) -> Array:
+    """``[b, R]`` per-token outputs laid out by rows only (batch over the data axes, tokens whole): sequence
+    parallelism leaves them split over ``sp``; the losses and the host (`process_local_rows`) take whole rows (verl
+    gathers its Ulysses outputs the same way)."""
+    return constrain(per_token, ("batch", None), mesh, rules) if mesh is not None and rules is not None else per_token
 
 
 def response_values(params: Any, config: DecoderConfig, input_ids: Array, attention_mask: Array,
                     position_ids: Array, response_length: int, mesh: Any = None, rules: Any = None) -> Array:
     """Critic values ``[b, R]``: V at the position *before* each response token (the state it was chosen in)."""
     values = value_forward(params, config, input_ids, attention_mask, position_ids, mesh, rules)
-    return values[:, -response_length - 1:-1]
+    return whole_rows(values[:, -response_length - 1:-1], mesh, rules)
 
 
 @dataclasses.dataclass(frozen=True)
