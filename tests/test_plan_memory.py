@@ -213,3 +213,15 @@ def test_verl_dapo_32b_recipe_line_parses():
     every = keys.applied + keys.mapped + keys.ignored + keys.not_modelled
     added = {"placement.train.tp", "actor.ulysses_sequence_parallel_size", "ref.ulysses_sequence_parallel_size"}
     assert sum(1 for k, _ in every if k not in added) == len(args)  # every key as written accounted for once
+
+
+@needs8
+def test_ulysses_sp_plans_sequence_sharded_programs(small_model):
+    keys = [*BATCH, "data.max_prompt_length=63", "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"]
+    report = plan_memory(small_model, 8, keys)
+    update = report["programs"]["update_actor"]
+    assert report["layout"]["train"].endswith("(sp2)") and report["layout"]["rule_set"].endswith("_sp")
+    # rows over dp/sp = 4 groups; the 63 + 64 token columns left-padded to a multiple of sp
+    assert update["shapes"]["micro_rows"] == 4 and update["shapes"]["seq_len"] == 128
+    assert update["float_collectives"]["all-to-all"] > 0  # Ulysses: heads <-> sequence around attention
+    assert report["programs"]["log_prob"]["shapes"]["rows"] == 4
