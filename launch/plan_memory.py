@@ -43,6 +43,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import sys
 from pathlib import Path
 
@@ -50,12 +51,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def read_args_file(path: str) -> list[str]:
-    """``key=value`` lines of a file; blank lines and ``#`` comments skipped."""
+    """The ``key=value`` words of a file, split and unquoted as a shell would (``data.truncation='left'`` is
+    ``data.truncation=left``); ``#`` comments skipped."""
     try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except OSError as err:
+        return shlex.split(Path(path).read_text(encoding="utf-8"), comments=True)
+    except (OSError, ValueError) as err:
         raise SystemExit(f"--args-file {path}: {err}")
-    return [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
 
 
 def devices_from_keys(keys: list[str]) -> int | None:
@@ -64,7 +65,7 @@ def devices_from_keys(keys: list[str]) -> int | None:
     for text in keys:
         key, _, value = text.lstrip("+").partition("=")
         if key.strip() in ("trainer.nnodes", "trainer.n_gpus_per_node"):
-            found[key.strip()] = value.strip().strip("'\"")
+            found[key.strip()] = value.strip()
     if not found:
         return None
     try:

@@ -46,7 +46,10 @@ def cli_main(argv: list[str]) -> int:
 
 
 def read_recipe() -> list[str]:
-    return [ln.strip() for ln in RECIPE.read_text().splitlines() if ln.strip() and not ln.startswith("#")]
+    spec = importlib.util.spec_from_file_location("plan_memory_cli", ROOT / "launch" / "plan_memory.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.read_args_file(str(RECIPE))
 
 
 @pytest.fixture(scope="module")
@@ -195,6 +198,7 @@ def test_bad_key_names_the_key(small_model, capsys):
 def test_verl_dapo_32b_recipe_line_parses():
     args = read_recipe()
     assert len(args) == 69 and "actor_rollout_ref.rollout.tensor_model_parallel_size=4" in args
+    assert "data.truncation=left" in args and "trainer.logger=[console,wandb]" in args  # unquoted as by a shell
     config, keys = load_plan_config(args, devices=128)
     train, gen = config.placement.train, config.placement.generate
     # 16 nodes x 8 GPUs; rollout TP 4 -> generation tp, the training tp raised to it (fsdp -> fsdp_tp) and the

@@ -59,9 +59,9 @@ def parse_bytes(text: str) -> int:
 
 def _cluster_overrides(keys: PlanKeys, devices: int) -> list[str]:
     """``trainer.nnodes`` × ``trainer.n_gpus_per_node`` must be ``devices`` when given; else one node of them."""
-    nnodes, per_node = keys.raw_value("trainer.nnodes"), keys.raw_value("trainer.n_gpus_per_node")
+    nnodes, per_node = (keys.raw_value(k) for k in ("trainer.nnodes", "trainer.n_gpus_per_node"))
     if nnodes is None and per_node is None:
-        return [f"trainer.nnodes=1", f"trainer.n_gpus_per_node={devices}"]
+        return ["trainer.nnodes=1", f"trainer.n_gpus_per_node={devices}"]
     try:
         product = int(nnodes or 1) * int(per_node or 1)
     except ValueError:
