@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from jaxrl_hf.config.cluster import resolve_cluster
-from jaxrl_hf.config.schema import RunConfig
+from jaxrl_hf.config.schema import ModelConfig, RunConfig
 
 
 def critic_enabled(config: RunConfig) -> bool:
@@ -22,6 +22,13 @@ def critic_enabled(config: RunConfig) -> bool:
 def _or_actor(value: int | None, actor_value: int) -> int:
     """``value`` unless unset (``None``: the actor's). Not ``or``: a 0 must reach validation."""
     return actor_value if value is None else value
+
+
+def model_with_remat(model: ModelConfig) -> ModelConfig:
+    """verl's ``enable_gradient_checkpointing=true`` is ``remat=full`` unless ``remat`` already names a policy."""
+    if model.enable_gradient_checkpointing and model.remat == "none":
+        return dataclasses.replace(model, remat="full")
+    return model
 
 
 def resolve_defaults(config: RunConfig) -> RunConfig:
@@ -58,6 +65,9 @@ def resolve_defaults(config: RunConfig) -> RunConfig:
     )
     config.ref = dataclasses.replace(config.ref, ulysses_sequence_parallel_size=_or_actor(
         config.ref.ulysses_sequence_parallel_size, actor.ulysses_sequence_parallel_size))
+    config.model = model_with_remat(config.model)
+    if config.critic.model is not None:
+        config.critic = dataclasses.replace(config.critic, model=model_with_remat(config.critic.model))
     name = trainer.experiment_name or config.algo
     config.trainer = dataclasses.replace(
         trainer, experiment_name=name, run_dir=trainer.run_dir or f"runs/{name}"

@@ -100,7 +100,21 @@ class ModelConfig:
     path: str = "smollm2-135m-instruct"
     """``smollm2-135m-instruct``, an HF directory, a ``.gguf`` file, or ``tiny-random``."""
     dtype: Literal["float32", "bfloat16"] = "float32"
-    remat: Literal["none", "full", "dots", "dots_no_batch"] = "none"
+    remat: Literal["none", "full", "dots", "dots_no_batch", "save_attn_out", "save_attn_out_mlp_in",
+                   "dots_no_batch_attn_out"] = "none"
+    """Gradient checkpointing policy of each decoder layer: ``none``; ``full`` (keep only layer inputs, recompute
+    the rest); ``dots`` / ``dots_no_batch`` (keep all / the weight matmul outputs); ``save_attn_out`` (keep the
+    attention output, recompute projections and MLP but not the attention); ``save_attn_out_mlp_in`` (also
+    keep the MLP input); ``dots_no_batch_attn_out`` (weight matmuls and the attention output). See
+    ``jaxrl_hf.models.llama.REMAT_POLICIES``."""
+    enable_gradient_checkpointing: bool = False
+    """verl's switch (``actor_rollout_ref.model.enable_gradient_checkpointing``): ``true`` means ``remat=full``
+    unless ``remat`` names a policy."""
+    attn_implementation: Literal["auto", "eager", "blockwise", "cudnn"] = "auto"
+    """Self-attention without a KV cache: ``eager`` (materialises the [T, T] scores), ``blockwise``
+    (flash-attention-style online softmax in pure JAX, O(T) memory), ``cudnn`` (cuDNN flash attention; GPU,
+    bfloat16/float16), ``auto`` (cudnn where usable, else blockwise above 1024 tokens, else eager). Decoding
+    over the KV cache is always eager. See ``jaxrl_hf.models.attention``."""
     seed: int = 0
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
 

@@ -2,7 +2,7 @@
 
 ``DecoderConfig`` is frozen and hashable so it can be a static argument of ``jax.jit`` and an
 attribute of a flax module. Architecture fields mirror the HF names; ``dtype`` / ``param_dtype`` /
-``remat`` are runtime options that never appear in ``config.json``.
+``remat`` / ``attn_implementation`` are runtime options that never appear in ``config.json``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,11 @@ from typing import Any, Mapping
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
 SUPPORTED_DTYPES = ("float32", "bfloat16", "float16")
-SUPPORTED_REMAT = ("none", "full", "dots", "dots_no_batch")
+SUPPORTED_REMAT = ("none", "full", "dots", "dots_no_batch", "save_attn_out", "save_attn_out_mlp_in",
+                   "dots_no_batch_attn_out")
+"""Rematerialisation policies of the decoder layers (``jaxrl_hf.models.llama.REMAT_POLICIES`` documents each)."""
+SUPPORTED_ATTN_IMPLEMENTATIONS = ("auto", "eager", "blockwise", "cudnn")
+"""Self-attention implementations (``jaxrl_hf.models.attention`` documents each)."""
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +51,7 @@ class DecoderConfig:
     dtype: str = "float32"
     param_dtype: str = "float32"
     remat: str = "none"
+    attn_implementation: str = "auto"
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -67,6 +72,9 @@ class DecoderConfig:
                 raise ValueError(f"DecoderConfig.{name}={getattr(self, name)!r}; valid: {SUPPORTED_DTYPES}")
         if self.remat not in SUPPORTED_REMAT:
             raise ValueError(f"DecoderConfig.remat={self.remat!r}; valid: {SUPPORTED_REMAT}")
+        if self.attn_implementation not in SUPPORTED_ATTN_IMPLEMENTATIONS:
+            raise ValueError(f"DecoderConfig.attn_implementation={self.attn_implementation!r} (config key "
+                             f"model.attn_implementation); valid: {SUPPORTED_ATTN_IMPLEMENTATIONS}")
         rope_type = self.rope_type
         if rope_type not in SUPPORTED_ROPE_TYPES:
             raise ValueError(
@@ -107,7 +115,7 @@ class DecoderConfig:
     # ----------------------------------------------------------------------------------------
     @classmethod
     def from_hf_dict(cls, hf: Mapping[str, Any], **runtime: Any) -> "DecoderConfig":
-        """Build from a parsed HF ``config.json``; ``runtime`` sets dtype/param_dtype/remat."""
+        """Build from a parsed HF ``config.json``; ``runtime`` sets dtype/param_dtype/remat/attn_implementation."""
         model_type = hf.get("model_type", "llama")
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise ValueError(f"config.json model_type={model_type!r} is not supported; "

@@ -41,14 +41,15 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.ad_checkpoint import checkpoint_name
 
 from jaxrl_hf.mesh.rules import logical_to_spec
+from jaxrl_hf.models.attention import cached_attention, self_attention
 from jaxrl_hf.models.config import DecoderConfig
 from jaxrl_hf.models.rope import apply_rope, rope_frequencies
 
 Array = jnp.ndarray
 KVCache = dict[str, Array]
-_NEG = -0.7 * float(np.finfo(np.float32).max)  # finite "minus infinity": fully masked rows stay NaN-free
 
 
 def _dtype(name: str) -> Any:
@@ -127,53 +128,12 @@ class _Proj(nn.Module):
         return y
 
 
-def split_attention_masks(attention_mask: Array, cache_index: Array, cached_len: int,
-                          q_len: int) -> tuple[Array, Array]:
-    """Which keys each query sees: cached slot ``s`` iff ``s < cache_index`` and ``attention_mask[b, s]``;
-    new key ``u`` (slot ``cache_index + u``) iff ``u <= t`` (causal), ``attention_mask[b, cache_index + u] != 0``
-    and it equals the query's own ``attention_mask`` entry.
-
-    ``attention_mask`` doubles as *segment ids* (MaxText's ``decoder_segment_ids``): ``0`` is padding and rows
-    packed into one sequence (``model.use_remove_padding``) carry ``1, 2, 3, ...``, so a token attends only
-    within its own segment. A 0/1 mask is the one-segment case (the rule reduces to "valid and causal");
-    a padded query sees no key.
-
-    Returns boolean masks ``[B, 1, 1, 1, cached_len]`` (the same for every query) and ``[B, 1, 1, T, T]``,
-    broadcastable against scores ``[B, kv_heads, groups, T, keys]``.
-    """
-    segments = attention_mask.astype(jnp.int32)
-    cached = (jnp.arange(cached_len) < cache_index)[None, :] & (segments[:, :cached_len] != 0)  # [B, S_c]
-    new_seg = jax.lax.dynamic_slice_in_dim(segments, cache_index, q_len, axis=1)  # [B, T]
-    causal = jnp.arange(q_len)[None, :] <= jnp.arange(q_len)[:, None]  # [T(query), T(key)]
-    same = (new_seg[:, :, None] == new_seg[:, None, :]) & (new_seg[:, None, :] != 0)  # [B, T(query), T(key)]
-    new = causal[None] & same  # [B, T, T]
-    return cached[:, None, None, None, :], new[:, None, None]
-
-
-def _cached_scores(qg: Array, cached_k: Array, dt: Any) -> Array:
-    """f32 ``q . k`` over the cache: ``qg [B, T, kv_heads, groups, D]``, ``cached_k [B, S, kv_heads, D]``
-    -> ``[B, kv_heads, groups, T, S]``.
-
-    For a single query (decode) this is a multiply-and-reduce that XLA fuses with the read of the
-    cache in its stored layout; a batched matmul would first transpose the whole layer cache.
-    """
-    if qg.shape[1] == 1:
-        prod = qg[:, 0, None].astype(jnp.float32) * cached_k[:, :, :, None, :].astype(jnp.float32)
-        return jnp.sum(prod, axis=-1).transpose(0, 2, 3, 1)[:, :, :, None, :]  # [B,S,K,G] -> [B,K,G,1,S]
-    return jnp.einsum("btkgd,bskd->bkgts", qg, cached_k.astype(dt), preferred_element_type=jnp.float32)
-
-
-def _cached_values(probs: Array, cached_v: Array, dt: Any) -> Array:
-    """``sum_s probs[b,k,g,t,s] * cached_v[b,s,k,d]`` -> ``[B, T, kv_heads, groups, D]`` (see ``_cached_scores``)."""
-    if probs.shape[3] == 1:
-        weights = probs[:, :, :, 0].transpose(0, 3, 1, 2)[..., None].astype(jnp.float32)  # [B,S,K,G,1]
-        out = jnp.sum(weights * cached_v[:, :, :, None, :].astype(jnp.float32), axis=1)  # [B,K,G,D]
-        return out[:, None].astype(dt)
-    return jnp.einsum("bkgts,bskd->btkgd", probs, cached_v.astype(dt))
-
-
 class Attention(nn.Module):
     """Grouped-query self-attention with RoPE over an optional read-only KV cache.
+
+    Without cached slots (training, log-probs, prefill) the math is ``attention.self_attention`` by
+    ``config.attn_implementation``, with this call's slice of ``attention_mask`` as segment ids; over cached
+    slots (decode) it is ``attention.cached_attention`` (eager: the scores are only ``[T, cache_len]``).
 
     ``__call__`` returns ``(y, new_kv)``: ``new_kv`` holds this call's keys/values ``[B, T, kv_heads,
     head_dim]`` in the cache dtype (``None`` without a cache); the caller writes them into the cache.
@@ -218,22 +178,13 @@ class Attention(nn.Module):
         v = constrain(v, ("batch", "attn_length", "attn_kv_heads", "head_dim"), self.mesh, self.rules)
 
         b, t = x.shape[0], x.shape[1]
-        g = h // k
-        qg = q.reshape(b, t, k, g, d)
-        scale = d ** -0.5
-        cached_len = 0 if layer_cache is None else layer_cache["k"].shape[1]
-        cached_mask, new_mask = split_attention_masks(attention_mask, cache_index, cached_len, t)
-        scores = jnp.einsum("btkgd,bskd->bkgts", qg, kk, preferred_element_type=jnp.float32) * scale
-        scores = jnp.where(new_mask, scores, _NEG)
-        if cached_len:  # one softmax over [cached slots] ++ [new keys]; the cache is only read
-            cached_scores = _cached_scores(qg, layer_cache["k"], dt)
-            cached_scores = jnp.where(cached_mask, cached_scores * scale, _NEG)
-            probs = jax.nn.softmax(jnp.concatenate([cached_scores, scores], axis=-1), axis=-1).astype(dt)
-            out = (_cached_values(probs[..., :cached_len], layer_cache["v"], dt)
-                   + jnp.einsum("bkgts,bskd->btkgd", probs[..., cached_len:], v))
-        else:
-            probs = jax.nn.softmax(scores, axis=-1).astype(dt)
-            out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
+        qg = q.reshape(b, t, k, h // k, d)
+        if layer_cache is not None and layer_cache["k"].shape[1]:  # decode / chunked prefill: eager over the cache
+            out = cached_attention(qg, kk, v, layer_cache, attention_mask, cache_index, d ** -0.5)
+        else:  # training, log-probs, prefill: the configured implementation, segment ids = this call's mask
+            segments = jax.lax.dynamic_slice_in_dim(attention_mask.astype(jnp.int32), cache_index, t, axis=1)
+            out = self_attention(qg, kk, v, segments, d ** -0.5, c.attn_implementation)
+        out = checkpoint_name(out, "attn_out")
         out = constrain(out.reshape(b, t, h, d), ("batch", "attn_length", "attn_heads", "head_dim"), self.mesh,
                         self.rules)
         out = constrain(out, ("batch", "length", "heads", "head_dim"), self.mesh, self.rules)
@@ -278,16 +229,31 @@ class DecoderLayer(nn.Module):
         attn, new_kv = Attention(c, self.mesh, self.rules, name="self_attn")(
             h, positions, attention_mask, cache_index, layer_cache)
         x = x + attn
-        h = RMSNorm(c.rms_norm_eps, pdt, name="post_attention_layernorm")(x)
+        h = checkpoint_name(RMSNorm(c.rms_norm_eps, pdt, name="post_attention_layernorm")(x), "mlp_in")
         x = x + MLP(c, self.mesh, self.rules, name="mlp")(h)
         return constrain(x, ("batch", "length", "embed"), self.mesh, self.rules), new_kv
 
 
-_REMAT_POLICIES = {
+_SAVE_ATTN_OUT = jax.checkpoint_policies.save_only_these_names("attn_out", "attn_lse")
+REMAT_POLICIES = {
+    # Recompute the whole layer in the backward pass; only the layer inputs (the scan carry) are kept.
     "full": None,
+    # Keep every matmul output (the eager [T, T] scores too); recompute elementwise ops.
     "dots": jax.checkpoint_policies.dots_saveable,
+    # Keep the matmuls against weights (no batch dimension); recompute attention and elementwise ops.
     "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    # Keep only the attention output [B, T, heads, head_dim] (and, with blockwise attention, its per-row
+    # log-sum-exp), so the backward reruns the projections and the MLP but never the attention itself.
+    "save_attn_out": _SAVE_ATTN_OUT,
+    # As save_attn_out, plus the MLP input [B, T, embed] (skips recomputing o_proj and the norm).
+    "save_attn_out_mlp_in": jax.checkpoint_policies.save_only_these_names("attn_out", "attn_lse", "mlp_in"),
+    # dots_no_batch plus the attention output: only elementwise ops and norms are recomputed.
+    "dots_no_batch_attn_out": jax.checkpoint_policies.save_from_both_policies(
+        jax.checkpoint_policies.dots_with_no_batch_dims_saveable, _SAVE_ATTN_OUT),
 }
+"""``DecoderConfig.remat`` (config key ``model.remat``) -> ``jax.checkpoint`` policy of each decoder layer.
+The names are tagged with ``checkpoint_name`` in `Attention` / `DecoderLayer` and inside
+``jaxrl_hf.models.attention``'s blockwise forward."""
 
 
 class Decoder(nn.Module):
@@ -304,7 +270,7 @@ class Decoder(nn.Module):
             embedding_init=_init(nn.initializers.normal(stddev=0.02), ("vocab", "embed")))
         layer_cls = DecoderLayer
         if c.remat != "none":
-            layer_cls = nn.remat(DecoderLayer, policy=_REMAT_POLICIES[c.remat], prevent_cse=False)
+            layer_cls = nn.remat(DecoderLayer, policy=REMAT_POLICIES[c.remat], prevent_cse=False)
         self.layers = nn.scan(
             layer_cls,
             variable_axes={"params": 0},

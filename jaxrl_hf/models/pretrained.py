@@ -157,13 +157,14 @@ class PretrainedLM:
 
 
 def load_pretrained(name_or_path: str = "smollm2-135m-instruct", dtype: str = "float32",
-                    remat: str = "none", cache_dir: str | None = None) -> PretrainedLM:
+                    remat: str = "none", cache_dir: str | None = None,
+                    attn_implementation: str = "auto") -> PretrainedLM:
     """Load a model by name (``"smollm2-135m-instruct"``), ``.gguf`` path or HF directory.
 
     ``dtype`` is the compute dtype; params stay float32.
     """
     path = resolve_hf_dir(name_or_path, cache_dir)
-    config, params = load_hf_dir(path, dtype=dtype, remat=remat)
+    config, params = load_hf_dir(path, dtype=dtype, remat=remat, attn_implementation=attn_implementation)
     params = jax.tree.map(jnp.asarray, params)
     return PretrainedLM(config=config, params=params, tokenizer=Tokenizer.from_dir(path), path=path)
 

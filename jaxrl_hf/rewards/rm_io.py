@@ -132,8 +132,10 @@ class RewardModel:
         return float(self.score_batch([(prompt, response)], batch_size=1)[0])
 
 
-def load_reward_model(path: str | os.PathLike, dtype: str = "float32") -> RewardModel:
-    """Load a directory written by ``save_reward_model`` (``dtype`` = compute dtype; params stay float32)."""
+def load_reward_model(path: str | os.PathLike, dtype: str = "float32",
+                      attn_implementation: str = "auto") -> RewardModel:
+    """Load a directory written by ``save_reward_model`` (``dtype`` = compute dtype; params stay float32;
+    ``attn_implementation`` as ``model.attn_implementation``)."""
     path = os.fspath(path)
     meta_file = os.path.join(path, METADATA_FILE)
     if not os.path.isfile(meta_file):
@@ -145,7 +147,7 @@ def load_reward_model(path: str | os.PathLike, dtype: str = "float32") -> Reward
     for key in ("eos_token_id", "pad_token_id"):
         if not isinstance(metadata.get(key), int):
             raise ValueError(f"{meta_file}: missing integer {key!r}")
-    config = DecoderConfig.from_pretrained_dir(path, dtype=dtype)
+    config = DecoderConfig.from_pretrained_dir(path, dtype=dtype, attn_implementation=attn_implementation)
     weights = os.path.join(path, "model.safetensors")
     if not os.path.isfile(weights):
         raise FileNotFoundError(f"{path}: no model.safetensors")

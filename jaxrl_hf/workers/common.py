@@ -24,6 +24,7 @@ from jaxrl_hf.config.build import ConfigError, build_dataclass
 from jaxrl_hf.config.resolve import resolve_defaults
 from jaxrl_hf.config.schema import ModelConfig, PlacementConfig, RunConfig, TinyModelConfig
 from jaxrl_hf.models import DecoderConfig, init_params, param_logical_axes
+from jaxrl_hf.models.attention import cudnn_usable
 from jaxrl_hf.models.tokenizer import Tokenizer
 
 TINY_RANDOM = "tiny-random"
@@ -71,7 +72,8 @@ class LoadedModel:
         return tuple(sorted(ids))
 
 
-def tiny_decoder_config(tiny: TinyModelConfig, dtype: str, remat: str, where: str = "model.tiny") -> DecoderConfig:
+def tiny_decoder_config(tiny: TinyModelConfig, dtype: str, remat: str, where: str = "model.tiny",
+                        attn_implementation: str = "auto") -> DecoderConfig:
     """A small random Llama for smoke tests from ``model.tiny``."""
     try:
         return DecoderConfig(
@@ -80,21 +82,33 @@ def tiny_decoder_config(tiny: TinyModelConfig, dtype: str, remat: str, where: st
             num_key_value_heads=tiny.num_kv_heads, head_dim=tiny.head_dim or tiny.hidden_size // tiny.num_heads,
             max_position_embeddings=tiny.max_position_embeddings, tie_word_embeddings=tiny.tie_word_embeddings,
             bos_token_id=tiny.bos_token_id, pad_token_id=tiny.pad_token_id, eos_token_ids=(tiny.eos_token_id,),
-            dtype=dtype, remat=remat)
+            dtype=dtype, remat=remat, attn_implementation=attn_implementation)
     except ValueError as err:
         raise WorkerConfigError(f"{where}: {err}") from None
+
+
+def check_attn_implementation(model: ModelConfig, where: str = "model") -> None:
+    """``<where>.attn_implementation=cudnn`` must be runnable in this worker process (a GPU backend and a
+    float16/bfloat16 ``dtype``); the error names the key. ``auto`` falls back by itself."""
+    reason = cudnn_usable(model.dtype) if model.attn_implementation == "cudnn" else None
+    if reason is not None:
+        raise WorkerConfigError(f"{where}.attn_implementation='cudnn' is not usable here: {reason}; "
+                                "use 'auto', 'blockwise' or 'eager'")
 
 
 def load_model(model: ModelConfig, where: str = "model") -> LoadedModel:
     """``model.path``: ``"tiny-random"`` (random init from ``model.tiny`` and ``model.seed``), a known
     model name (``"smollm2-135m-instruct"``), an HF directory or a ``.gguf`` file."""
+    check_attn_implementation(model, where)
     if model.path == TINY_RANDOM:
-        config = tiny_decoder_config(model.tiny, model.dtype, model.remat, where=f"{where}.tiny")
+        config = tiny_decoder_config(model.tiny, model.dtype, model.remat, where=f"{where}.tiny",
+                                     attn_implementation=model.attn_implementation)
         return LoadedModel(config, init_params(config, model.seed), None, None)
     from jaxrl_hf.models import load_pretrained
 
     try:
-        lm = load_pretrained(model.path, dtype=model.dtype, remat=model.remat)
+        lm = load_pretrained(model.path, dtype=model.dtype, remat=model.remat,
+                             attn_implementation=model.attn_implementation)
     except (ValueError, FileNotFoundError) as err:
         raise WorkerConfigError(f"{where}.path={model.path!r}: {err}") from err
     return LoadedModel(lm.config, lm.params, lm.tokenizer, lm.path)

@@ -65,13 +65,14 @@ class RewardModelWorker(Worker):
             raise WorkerConfigError(f"{self.section_name}.path is not set: a reward-model directory or {TINY_RANDOM!r}")
         dtype = self.section.dtype or self.config.model.dtype
         if path == TINY_RANDOM:
-            self.model_config = tiny_decoder_config(self.config.model.tiny, dtype, "none")
+            self.model_config = tiny_decoder_config(self.config.model.tiny, dtype, "none",
+                                                    attn_implementation=self.config.model.attn_implementation)
             params = init_value_params(self.model_config, self.section.seed)
         else:
             from jaxrl_hf.rewards.rm_io import load_reward_model
 
             try:
-                rm = load_reward_model(path, dtype=dtype)
+                rm = load_reward_model(path, dtype=dtype, attn_implementation=self.config.model.attn_implementation)
             except (FileNotFoundError, ValueError, KeyError) as err:
                 raise WorkerConfigError(f"{self.section_name}.path={path!r}: {err}") from err
             self.model_config, params = rm.config, rm.params

@@ -1,0 +1,345 @@
+"""The attention math of the decoder as pure functions: ``softmax(q k^T * scale + mask) v`` per head.
+
+Layout everywhere: queries ``q [B, T, kv_heads, groups, head_dim]`` (grouped-query attention: query head
+``h = kv_head * groups + group``), keys/values ``[B, S, kv_heads, head_dim]``, output like ``q``.
+
+Masking contract: ``segments [B, T]`` (the model's ``attention_mask``) are *segment ids*: ``0`` is padding,
+rows packed into one sequence carry ``1, 2, 3, ...``. Query ``i`` attends to key ``j`` iff ``j <= i``
+(causal, by index), ``segments[j] == segments[i]`` and ``segments[j] != 0``; a 0/1 mask is the one-segment
+case, and a padded query sees no key (a *fully-masked row*).
+
+Implementations of self-attention without a KV cache (``DecoderConfig.attn_implementation``, config key
+``model.attn_implementation``):
+
+* ``eager`` — `eager_attention`: materialises the ``[B, kv_heads, groups, T, T]`` scores (the reference).
+  A fully-masked row gets the mean of ``v`` (a uniform softmax over equal "minus infinity" scores).
+* ``blockwise`` — `blockwise_attention`: the online-softmax ("flash") algorithm of Rabe & Staats 2021
+  (*Self-attention does not need O(n²) memory*) and Dao et al. 2022 (*FlashAttention*; the backward of
+  FlashAttention-2, Dao 2023, Alg. 2), pure JAX, O(T) memory in forward and backward. A fully-masked row
+  gets zeros.
+* ``cudnn`` — `cudnn_attention`: cuDNN's fused flash attention through ``jax.nn.dot_product_attention``
+  (GPU, float16/bfloat16 only).
+* ``auto`` — `resolve_implementation`: cudnn where usable, else blockwise above `AUTO_BLOCKWISE_MIN_KEYS`
+  keys, else eager.
+
+Decoding over a KV cache (`cached_attention`) is always eager: its scores are ``[T_new, cache_len]``.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.ad_checkpoint import checkpoint_name
+
+from jaxrl_hf.models.config import SUPPORTED_ATTN_IMPLEMENTATIONS
+
+Array = jnp.ndarray
+NEG_INF = -0.7 * float(np.finfo(np.float32).max)  # finite "minus infinity": fully masked rows stay NaN-free
+DEFAULT_BLOCK_SIZE = 512
+AUTO_BLOCKWISE_MIN_KEYS = 1024
+"""``auto`` uses ``blockwise`` when there are more keys than this (below it the [T, T] scores are small)."""
+CUDNN_DTYPES = ("float16", "bfloat16")
+CONFIG_KEY = "model.attn_implementation"
+
+
+# ------------------------------------------------------------------------------------------ masks
+def segment_mask(q_segments: Array, kv_segments: Array, q_start: Array | int = 0,
+                 kv_start: Array | int = 0) -> Array:
+    """``[B, Tq, Tk]`` bool: causal (``kv_start + j <= q_start + i``) and ``kv_seg[j] == q_seg[i] != 0``."""
+    q_idx = q_start + jnp.arange(q_segments.shape[1])
+    kv_idx = kv_start + jnp.arange(kv_segments.shape[1])
+    causal = kv_idx[None, :] <= q_idx[:, None]
+    same = (q_segments[:, :, None] == kv_segments[:, None, :]) & (kv_segments[:, None, :] != 0)
+    return causal[None] & same
+
+
+def split_attention_masks(attention_mask: Array, cache_index: Array, cached_len: int,
+                          q_len: int) -> tuple[Array, Array]:
+    """Which keys each query sees over a KV cache: cached slot ``s`` iff ``s < cache_index`` and
+    ``attention_mask[b, s]``; new key ``u`` (slot ``cache_index + u``) by the segment rule of the module
+    docstring applied to ``attention_mask[:, cache_index:cache_index + T]``.
+
+    Returns boolean masks ``[B, 1, 1, 1, cached_len]`` (the same for every query) and ``[B, 1, 1, T, T]``,
+    broadcastable against scores ``[B, kv_heads, groups, T, keys]``.
+    """
+    segments = attention_mask.astype(jnp.int32)
+    cached = (jnp.arange(cached_len) < cache_index)[None, :] & (segments[:, :cached_len] != 0)  # [B, S_c]
+    new_seg = jax.lax.dynamic_slice_in_dim(segments, cache_index, q_len, axis=1)  # [B, T]
+    return cached[:, None, None, None, :], segment_mask(new_seg, new_seg)[:, None, None]
+
+
+# ------------------------------------------------------------------------------------------ eager
+def eager_attention(q: Array, k: Array, v: Array, segments: Array, scale: float) -> Array:
+    """Reference self-attention: ``softmax(where(mask, q k^T * scale, -inf)) v`` with the full
+    ``[B, kv_heads, groups, T, T]`` float32 scores (Vaswani et al. 2017, eq. 1)."""
+    mask = segment_mask(segments, segments)[:, None, None]
+    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) * scale
+    probs = jax.nn.softmax(jnp.where(mask, scores, NEG_INF), axis=-1).astype(q.dtype)
+    return jnp.einsum("bkgts,bskd->btkgd", probs, v)
+
+
+def _cached_scores(qg: Array, cached_k: Array, dt: Any) -> Array:
+    """f32 ``q . k`` over the cache: ``qg [B, T, kv_heads, groups, D]``, ``cached_k [B, S, kv_heads, D]``
+    -> ``[B, kv_heads, groups, T, S]``.
+
+    For a single query (decode) this is a multiply-and-reduce that XLA fuses with the read of the
+    cache in its stored layout; a batched matmul would first transpose the whole layer cache.
+    """
+    if qg.shape[1] == 1:
+        prod = qg[:, 0, None].astype(jnp.float32) * cached_k[:, :, :, None, :].astype(jnp.float32)
+        return jnp.sum(prod, axis=-1).transpose(0, 2, 3, 1)[:, :, :, None, :]  # [B,S,K,G] -> [B,K,G,1,S]
+    return jnp.einsum("btkgd,bskd->bkgts", qg, cached_k.astype(dt), preferred_element_type=jnp.float32)
+
+
+def _cached_values(probs: Array, cached_v: Array, dt: Any) -> Array:
+    """``sum_s probs[b,k,g,t,s] * cached_v[b,s,k,d]`` -> ``[B, T, kv_heads, groups, D]`` (see ``_cached_scores``)."""
+    if probs.shape[3] == 1:
+        weights = probs[:, :, :, 0].transpose(0, 3, 1, 2)[..., None].astype(jnp.float32)  # [B,S,K,G,1]
+        out = jnp.sum(weights * cached_v[:, :, :, None, :].astype(jnp.float32), axis=1)  # [B,K,G,D]
+        return out[:, None].astype(dt)
+    return jnp.einsum("bkgts,bskd->btkgd", probs, cached_v.astype(dt))
+
+
+def cached_attention(q: Array, k: Array, v: Array, cache: dict[str, Array], attention_mask: Array,
+                     cache_index: Array, scale: float) -> Array:
+    """Eager attention of ``T`` new queries over ``[cached slots] ++ [their own keys]``: one softmax over
+    both, the cache (``{"k", "v"}: [B, S, kv_heads, D]``) only read. Masks: `split_attention_masks`."""
+    dt, t, cached_len = q.dtype, q.shape[1], cache["k"].shape[1]
+    cached_mask, new_mask = split_attention_masks(attention_mask, cache_index, cached_len, t)
+    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) * scale
+    scores = jnp.where(new_mask, scores, NEG_INF)
+    cached_scores = jnp.where(cached_mask, _cached_scores(q, cache["k"], dt) * scale, NEG_INF)
+    probs = jax.nn.softmax(jnp.concatenate([cached_scores, scores], axis=-1), axis=-1).astype(dt)
+    return (_cached_values(probs[..., :cached_len], cache["v"], dt)
+            + jnp.einsum("bkgts,bskd->btkgd", probs[..., cached_len:], v))
+
+
+# -------------------------------------------------------------------------------------- blockwise
+def _block(x: Array, index: Array, size: int) -> Array:
+    return jax.lax.dynamic_slice_in_dim(x, index * size, size, axis=1)
+
+
+def _block_scores(qb: Array, kb: Array, q_seg: Array, kv_seg: Array, q_start: Array, kv_start: Array,
+                 scale: float) -> tuple[Array, Array]:
+    """Scaled scores ``[B, K, G, bq, bk]`` (f32, masked entries ``NEG_INF``) and their mask."""
+    mask = segment_mask(q_seg, kv_seg, q_start, kv_start)[:, None, None]
+    scores = jnp.einsum("bqkgd,bskd->bkgqs", qb, kb, preferred_element_type=jnp.float32) * scale
+    return jnp.where(mask, scores, NEG_INF), mask
+
+
+def _last_key_block(q_block: Array, block_q: int, block_k: int, num_k_blocks: int) -> Array:
+    """One past the last key block that query block ``q_block`` can see causally (later ones are skipped)."""
+    return jnp.minimum(num_k_blocks, ((q_block + 1) * block_q - 1) // block_k + 1)
+
+
+def _flash_forward(q: Array, k: Array, v: Array, segments: Array, scale: float, block_q: int,
+                   block_k: int) -> tuple[Array, Array]:
+    """Online softmax (Rabe & Staats 2021, eq. 2–3; FlashAttention Alg. 1): per query block, a running row
+    max ``m``, normaliser ``l`` and unnormalised output over the visible key blocks. Returns the output
+    ``[B, T, K, G, D]`` and the log-sum-exp ``m + log l`` per row ``[B, T, K, G]`` (0 on fully-masked rows,
+    whose output is 0)."""
+    b, t, kh, g, d = q.shape
+    num_q, num_k = t // block_q, t // block_k
+
+    def query_block(i: Array) -> tuple[Array, Array]:
+        qb, q_seg = _block(q, i, block_q), _block(segments, i, block_q)
+
+        def key_block(j: Array, carry: tuple[Array, Array, Array]) -> tuple[Array, Array, Array]:
+            m, l, acc = carry
+            scores, mask = _block_scores(qb, _block(k, j, block_k), q_seg, _block(segments, j, block_k),
+                                        i * block_q, j * block_k, scale)
+            m_new = jnp.maximum(m, scores.max(-1))
+            p = jnp.where(mask, jnp.exp(scores - m_new[..., None]), 0.0)
+            correction = jnp.exp(m - m_new)
+            pv = jnp.einsum("bkgqs,bskd->bkgqd", p.astype(v.dtype), _block(v, j, block_k),
+                            preferred_element_type=jnp.float32)
+            return m_new, l * correction + p.sum(-1), acc * correction[..., None] + pv
+
+        init = (jnp.full((b, kh, g, block_q), NEG_INF, jnp.float32), jnp.zeros((b, kh, g, block_q), jnp.float32),
+                jnp.zeros((b, kh, g, block_q, d), jnp.float32))
+        m, l, acc = jax.lax.fori_loop(0, _last_key_block(i, block_q, block_k, num_k), key_block, init)
+        seen = l > 0
+        safe_l = jnp.where(seen, l, 1.0)
+        out = jnp.where(seen[..., None], acc / safe_l[..., None], 0.0)
+        lse = jnp.where(seen, m + jnp.log(safe_l), 0.0)
+        return out.transpose(0, 3, 1, 2, 4).astype(q.dtype), lse.transpose(0, 3, 1, 2)  # [B,bq,K,G,(D)]
+
+    outs, lses = jax.lax.map(query_block, jnp.arange(num_q))  # [num_q, B, bq, ...]
+    out = jnp.moveaxis(outs, 0, 1).reshape(b, t, kh, g, d)
+    return out, jnp.moveaxis(lses, 0, 1).reshape(b, t, kh, g)
+
+
+def _flash_backward(q: Array, k: Array, v: Array, segments: Array, out: Array, lse: Array, d_out: Array,
+                    scale: float, block_q: int, block_k: int) -> tuple[Array, Array, Array]:
+    """FlashAttention-2's backward (Dao 2023, Alg. 2): per key block, recompute ``P = exp(S - lse)`` over the
+    query blocks that see it and accumulate ``dV += P^T dO``, ``dS = P * (dO V^T - rowsum(dO * O))``,
+    ``dK += dS^T Q * scale``, ``dQ += dS K * scale``."""
+    t = q.shape[1]
+    num_q, num_k = t // block_q, t // block_k
+    delta = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)  # [B, T, K, G]
+
+    def key_block(dq: Array, j: Array) -> tuple[Array, tuple[Array, Array]]:
+        kb, vb, kv_seg = _block(k, j, block_k), _block(v, j, block_k), _block(segments, j, block_k)
+
+        def query_block(i: Array, carry: tuple[Array, Array, Array]) -> tuple[Array, Array, Array]:
+            dk, dv, dq = carry
+            qb, dob = _block(q, i, block_q), _block(d_out, i, block_q)
+            scores, mask = _block_scores(qb, kb, _block(segments, i, block_q), kv_seg, i * block_q, j * block_k,
+                                        scale)
+            row = lambda x: _block(x, i, block_q).transpose(0, 2, 3, 1)[..., None]  # noqa: E731  [B,K,G,bq,1]
+            p = jnp.where(mask, jnp.exp(scores - row(lse)), 0.0)
+            dv = dv + jnp.einsum("bkgqs,bqkgd->bskd", p.astype(dob.dtype), dob, preferred_element_type=jnp.float32)
+            dp = jnp.einsum("bqkgd,bskd->bkgqs", dob, vb, preferred_element_type=jnp.float32)
+            ds = (p * (dp - row(delta))).astype(q.dtype)
+            dk = dk + jnp.einsum("bkgqs,bqkgd->bskd", ds, qb, preferred_element_type=jnp.float32) * scale
+            dq_block = jnp.einsum("bkgqs,bskd->bqkgd", ds, kb, preferred_element_type=jnp.float32) * scale
+            dq = jax.lax.dynamic_update_slice_in_dim(dq, _block(dq, i, block_q) + dq_block, i * block_q, axis=1)
+            return dk, dv, dq
+
+        zeros = jnp.zeros(kb.shape, jnp.float32)
+        first_q = (j * block_k) // block_q  # earlier query blocks cannot see this key block
+        dk, dv, dq = jax.lax.fori_loop(first_q, num_q, query_block, (zeros, zeros, dq))
+        return dq, (dk, dv)
+
+    dq, (dks, dvs) = jax.lax.scan(key_block, jnp.zeros(q.shape, jnp.float32), jnp.arange(num_k))
+    merge = lambda x: jnp.moveaxis(x, 0, 1).reshape(k.shape)  # noqa: E731  [num_k, B, bk, K, D] -> [B, S, K, D]
+    return dq.astype(q.dtype), merge(dks).astype(k.dtype), merge(dvs).astype(v.dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
+def _flash(q: Array, k: Array, v: Array, segments: Array, scale: float, block_q: int, block_k: int) -> Array:
+    return _flash_forward(q, k, v, segments, scale, block_q, block_k)[0]
+
+
+def _flash_fwd(q, k, v, segments, scale, block_q, block_k):  # noqa: ANN001, ANN202
+    out, lse = _flash_forward(q, k, v, segments, scale, block_q, block_k)
+    out, lse = checkpoint_name(out, "attn_out"), checkpoint_name(lse, "attn_lse")  # rematerialisation policies
+    return out, (q, k, v, segments, out, lse)  # no [T, T] residual: the backward recomputes the scores
+
+
+def _flash_bwd(scale, block_q, block_k, residuals, d_out):  # noqa: ANN001, ANN202
+    q, k, v, segments, out, lse = residuals
+    dq, dk, dv = _flash_backward(q, k, v, segments, out, lse, d_out, scale, block_q, block_k)
+    return dq, dk, dv, None
+
+
+_flash.defvjp(_flash_fwd, _flash_bwd)
+
+
+def blockwise_attention(q: Array, k: Array, v: Array, segments: Array, scale: float,
+                        block_q: int = DEFAULT_BLOCK_SIZE, block_k: int = DEFAULT_BLOCK_SIZE) -> Array:
+    """Self-attention in ``block_q x block_k`` tiles with an online softmax and a recomputing backward
+    (`_flash_forward`, `_flash_backward`): memory O(T) — the forward keeps the output and one log-sum-exp per
+    row, never a ``[T, T]`` array. Key blocks entirely above the diagonal are skipped.
+
+    Blocks are clipped to ``T``; a ``T`` that is not a multiple of them is padded (segment id 0, so padded
+    keys are never seen and padded queries are dropped). Equal to `eager_attention` except on fully-masked
+    rows, which are 0 here.
+    """
+    if block_q <= 0 or block_k <= 0:
+        raise ValueError(f"blockwise_attention block sizes must be positive, got {block_q}, {block_k}")
+    t = q.shape[1]
+    if k.shape[1] != t or segments.shape != q.shape[:2]:
+        raise ValueError(f"blockwise_attention is self-attention: q {q.shape}, k {k.shape}, segments {segments.shape}")
+    block_q, block_k = min(block_q, t), min(block_k, t)
+    step = math.lcm(block_q, block_k)
+    padded = -(-t // step) * step
+    segments = segments.astype(jnp.int32)
+    if padded != t:
+        pad = lambda x: jnp.pad(x, [(0, 0), (0, padded - t)] + [(0, 0)] * (x.ndim - 2))  # noqa: E731
+        q, k, v, segments = pad(q), pad(k), pad(v), pad(segments)
+    return _flash(q, k, v, segments, float(scale), block_q, block_k)[:, :t]
+
+
+# ------------------------------------------------------------------------------------------ cudnn
+def cudnn_usable(dtype: Any, head_dim: int | None = None) -> str | None:
+    """``None`` when cuDNN flash attention can run here (for ``head_dim`` when given), else the reason."""
+    if jax.default_backend() != "gpu" or "rocm" in jax.devices()[0].client.platform_version.lower():
+        return f"it needs an NVIDIA GPU backend, this process runs on {jax.default_backend()!r}"
+    if jnp.dtype(dtype).name not in CUDNN_DTYPES:
+        return f"it needs model.dtype in {CUDNN_DTYPES}, got {jnp.dtype(dtype).name!r}"
+    if head_dim is not None and (head_dim % 8 or head_dim > 256):
+        return f"it needs head_dim a multiple of 8 and <= 256, got {head_dim}"
+    return None
+
+
+def _contiguous_runs(segments: Array) -> tuple[Array, Array, Array]:
+    """Per row: where its non-padding tokens start, how many there are, and whether they form one run of a
+    single segment id (what cuDNN's sequence lengths can express)."""
+    t = segments.shape[1]
+    valid = segments != 0
+    start = jnp.argmax(valid, axis=1).astype(jnp.int32)
+    length = valid.sum(axis=1, dtype=jnp.int32)
+    idx = jnp.arange(t)[None]
+    in_run = (idx >= start[:, None]) & (idx < (start + length)[:, None])
+    first = jnp.take_along_axis(segments, start[:, None], axis=1)
+    one_run = jnp.all((valid == in_run) & (~valid | (segments == first)))
+    return start, length, one_run
+
+
+def prefix_length_attention(q: Array, k: Array, v: Array, segments: Array, scale: float,
+                            implementation: str = "cudnn") -> Array:
+    """Causal self-attention through ``jax.nn.dot_product_attention`` with the padding given as sequence
+    lengths, valid when every row's tokens are one contiguous run of one segment id (`_contiguous_runs`):
+    each row is rotated so its run starts at slot 0, attended with the run length as its query and key
+    length, and rotated back; padded queries give 0. ``implementation="xla"`` runs the same on any backend."""
+    b, t, kh, g, d = q.shape
+    start, length, _ = _contiguous_runs(segments.astype(jnp.int32))
+    length = jnp.maximum(length, 1)  # an all-padding row attends token 0 to itself; its output is zeroed
+    take = lambda x, idx: jnp.take_along_axis(x, idx.reshape(idx.shape + (1,) * (x.ndim - 2)), axis=1)  # noqa: E731
+    rotate = (jnp.arange(t)[None] + start[:, None]) % t  # slot s of row r <- token (s + start_r) mod T
+    out = jax.nn.dot_product_attention(
+        take(q, rotate).reshape(b, t, kh * g, d), take(k, rotate), take(v, rotate), scale=scale, is_causal=True,
+        query_seq_lengths=length, key_value_seq_lengths=length, implementation=implementation)
+    out = take(out.reshape(b, t, kh, g, d), (jnp.arange(t)[None] - start[:, None]) % t)
+    return jnp.where((segments != 0)[:, :, None, None, None], out, jnp.zeros((), out.dtype))
+
+
+def cudnn_attention(q: Array, k: Array, v: Array, segments: Array, scale: float) -> Array:
+    """cuDNN fused flash attention (``jax.nn.dot_product_attention(..., implementation="cudnn")``, causal).
+
+    jax 0.10.2's public API expresses masks only as ``is_causal`` plus per-row *prefix* lengths
+    (``query_seq_lengths`` / ``key_value_seq_lengths``); anything else needs a dense ``[B, N, T, S]`` ``mask``
+    (turned into a dense bias), i.e. the ``[T, T]`` array this module avoids. So rows whose tokens form one
+    contiguous run of one segment id (left and/or right padding) go through `prefix_length_attention`;
+    packed segments (several ids in a row) or gaps cannot be expressed that way, and a batch holding such a
+    row takes `blockwise_attention` instead (a ``lax.cond`` on the data; both branches are compiled).
+    """
+    reason = cudnn_usable(q.dtype, q.shape[-1])
+    if reason is not None:
+        raise ValueError(f"{CONFIG_KEY}='cudnn' is not usable: {reason}; use 'auto', 'blockwise' or 'eager'")
+    one_run = _contiguous_runs(segments.astype(jnp.int32))[2]
+    return jax.lax.cond(one_run, lambda: prefix_length_attention(q, k, v, segments, scale, "cudnn"),
+                        lambda: blockwise_attention(q, k, v, segments, scale))
+
+
+# ------------------------------------------------------------------------------------------ dispatch
+def resolve_implementation(name: str, num_keys: int, dtype: Any, head_dim: int) -> str:
+    """The implementation ``name`` (`DecoderConfig.attn_implementation`) runs as for ``num_keys`` keys:
+    ``auto`` -> ``cudnn`` when `cudnn_usable`, else ``blockwise`` above `AUTO_BLOCKWISE_MIN_KEYS` keys,
+    else ``eager``. An explicit ``cudnn`` that cannot run raises naming ``model.attn_implementation``."""
+    if name == "auto":
+        if cudnn_usable(dtype, head_dim) is None:
+            return "cudnn"
+        return "blockwise" if num_keys > AUTO_BLOCKWISE_MIN_KEYS else "eager"
+    if name == "cudnn":
+        reason = cudnn_usable(dtype, head_dim)
+        if reason is not None:
+            raise ValueError(f"{CONFIG_KEY}='cudnn' is not usable: {reason}; use 'auto', 'blockwise' or 'eager'")
+    elif name not in ("eager", "blockwise"):
+        raise ValueError(f"{CONFIG_KEY}={name!r}; valid: {SUPPORTED_ATTN_IMPLEMENTATIONS}")
+    return name
+
+
+IMPLEMENTATIONS = {"eager": eager_attention, "blockwise": blockwise_attention, "cudnn": cudnn_attention}
+
+
+def self_attention(q: Array, k: Array, v: Array, segments: Array, scale: float, implementation: str = "auto") -> Array:
+    """Causal, segment-masked self-attention (no KV cache) by ``implementation`` (see `resolve_implementation`)."""
+    name = resolve_implementation(implementation, k.shape[1], q.dtype, q.shape[-1])
+    return IMPLEMENTATIONS[name](q, k, v, segments, scale)

@@ -1,0 +1,286 @@
+"""Attention implementations (``jaxrl_hf.models.attention``): blockwise == eager (outputs and gradients) on every
+masking case, both against a float64 numpy loop, the full model with each, O(T) compiled memory, the cudnn
+selection rules, rematerialisation policies, and the config keys that choose them."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from _models_helpers import random_params, tiny_config
+from jaxrl_hf.config import load_config
+from jaxrl_hf.config.build import ConfigError
+from jaxrl_hf.config.schema import ModelConfig
+from jaxrl_hf.models import attention as attn
+from jaxrl_hf.models.config import SUPPORTED_ATTN_IMPLEMENTATIONS, SUPPORTED_REMAT
+from jaxrl_hf.models.forward import forward, init_params, next_token_targets, token_log_probs_and_entropy
+from jaxrl_hf.workers.common import WorkerConfigError, load_model
+
+T = 37  # not a multiple of the 8 / 16 blocks below
+
+
+def _segments(case: str, batch: int = 2) -> np.ndarray:
+    """Segment ids [batch, T] for one masking case (0 = padding)."""
+    seg = np.ones((batch, T), np.int32)
+    if case == "left_padding":
+        seg[0, :9], seg[1, :2] = 0, 0
+    elif case == "packed":  # three rows packed into row 0 (with trailing padding), left padding + packing in row 1
+        seg[0, 12:25], seg[0, 25:33], seg[0, 33:] = 2, 3, 0
+        seg[1, :4], seg[1, 20:] = 0, 2
+    elif case == "fully_masked":  # an all-padding row; padded queries in the middle of a row
+        seg[0] = 0
+        seg[1, :5], seg[1, 17:21], seg[1, 30:] = 0, 0, 0
+    return seg
+
+
+def _qkv(seed: int, kv_heads: int, groups: int, head_dim: int = 8, batch: int = 2) -> tuple[jax.Array, ...]:
+    rng = np.random.default_rng(seed)
+    q = rng.normal(size=(batch, T, kv_heads, groups, head_dim))
+    k, v = (rng.normal(size=(batch, T, kv_heads, head_dim)) for _ in range(2))
+    return tuple(jnp.asarray(x, jnp.float32) for x in (q, k, v))
+
+
+def _numpy_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, seg: np.ndarray, scale: float) -> np.ndarray:
+    """float64 loops: softmax over the keys j <= i of the query's own (non-zero) segment; no key -> NaN row."""
+    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+    b_, t_, kh, g, _ = q.shape
+    out = np.full(q.shape, np.nan)
+    for b in range(b_):
+        for i in range(t_):
+            keys = [j for j in range(i + 1) if seg[b, j] != 0 and seg[b, j] == seg[b, i]]
+            if not keys:
+                continue
+            for h in range(kh):
+                for gg in range(g):
+                    s = np.array([q[b, i, h, gg] @ k[b, j, h] * scale for j in keys])
+                    w = np.exp(s - s.max())
+                    out[b, i, h, gg] = (w / w.sum()) @ v[b, keys, h]
+    return out
+
+
+CASES = [  # (segments case, kv_heads, groups, block_q, block_k)
+    ("causal", 4, 1, 16, 16),
+    ("gqa", 2, 3, 8, 8),
+    ("left_padding", 2, 2, 16, 8),
+    ("packed", 1, 4, 8, 16),
+    ("fully_masked", 2, 2, 5, 7),
+]
+
+
+@pytest.mark.parametrize("case,kv_heads,groups,block_q,block_k", CASES)
+def test_blockwise_equals_eager_and_float64_reference(case, kv_heads, groups, block_q, block_k):
+    q, k, v = _qkv(len(case) + 10 * kv_heads, kv_heads, groups)
+    seg = _segments(case)
+    scale = 8 ** -0.5
+    valid = jnp.asarray(seg != 0)[:, :, None, None, None]
+    segments = jnp.asarray(seg)
+    blockwise = lambda q, k, v: attn.blockwise_attention(q, k, v, segments, scale, block_q, block_k)  # noqa: E731
+    eager = lambda q, k, v: attn.eager_attention(q, k, v, segments, scale)  # noqa: E731
+
+    got = np.asarray(jax.jit(blockwise)(q, k, v))
+    want = np.asarray(jax.jit(eager)(q, k, v))
+    ref = _numpy_attention(q, k, v, seg, scale)
+    rows = np.asarray(valid)[..., 0, 0, 0].astype(bool)
+    np.testing.assert_allclose(got[rows], want[rows], atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(got[rows], ref[rows], atol=1e-5, rtol=1e-5)
+    assert np.all(got[~rows] == 0.0)  # a query that sees no key gives zeros
+
+    # gradients w.r.t. q, k, v for a random cotangent on the rows that see keys
+    cot = jnp.asarray(np.random.default_rng(1).normal(size=q.shape), jnp.float32) * valid
+    loss = lambda fn: lambda q, k, v: jnp.sum(fn(q, k, v) * cot)  # noqa: E731
+    g_block = jax.jit(jax.grad(loss(blockwise), argnums=(0, 1, 2)))(q, k, v)
+    g_eager = jax.jit(jax.grad(loss(eager), argnums=(0, 1, 2)))(q, k, v)
+    for name, a, b in zip("qkv", g_block, g_eager):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=1e-5, err_msg=f"d{name}")
+    if not rows.all():  # a cotangent on fully-masked rows too: still finite, and no gradient flows from them
+        full = jax.grad(lambda q, k, v: jnp.sum(blockwise(q, k, v)), argnums=(0, 1, 2))(q, k, v)
+        assert all(np.isfinite(np.asarray(g)).all() for g in full)
+        assert np.all(np.asarray(full[0])[~rows] == 0.0)
+
+
+def test_blockwise_bfloat16_tracks_float32():
+    """bfloat16 inputs: f32 scores, statistics and accumulators inside, so output and gradients stay within
+    bfloat16 rounding of the float32 result."""
+    q, k, v = _qkv(7, 2, 2)
+    seg = jnp.asarray(_segments("packed"))
+    f = lambda q, k, v: attn.blockwise_attention(q, k, v, seg, 0.35, 8, 8)  # noqa: E731
+    loss = lambda q, k, v: jnp.sum(f(q, k, v).astype(jnp.float32) * (seg != 0)[:, :, None, None, None])  # noqa: E731
+    want, want_grads = f(q, k, v), jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
+    low = tuple(x.astype(jnp.bfloat16) for x in (q, k, v))
+    got, got_grads = f(*low), jax.grad(loss, argnums=(0, 1, 2))(*low)
+    assert got.dtype == jnp.bfloat16 and all(g.dtype == jnp.bfloat16 for g in got_grads)
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want), atol=3e-2, rtol=3e-2)
+    for a, b in zip(got_grads, want_grads):
+        np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b), atol=5e-2, rtol=5e-2)
+
+
+def test_model_blockwise_equals_eager_logits_and_param_grads():
+    config = tiny_config(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+    params = random_params(config)
+    rng = np.random.default_rng(3)
+    ids = jnp.asarray(rng.integers(3, config.vocab_size, (2, 24)), jnp.int32)
+    seg = np.ones((2, 24), np.int32)
+    seg[0, :6] = 0  # left padding
+    seg[1, 10:], seg[1, 20:] = 2, 0  # two packed rows + right padding
+    positions = jnp.asarray(np.concatenate([np.maximum(np.arange(24) - 6, 0)[None],
+                                            np.where(np.arange(24) < 10, np.arange(24), np.arange(24) - 10)[None]]))
+    mask = jnp.asarray(seg)
+    valid = np.asarray(seg != 0)
+
+    def loss(p, cfg):
+        lp, ent = token_log_probs_and_entropy(p, cfg, ids, next_token_targets(ids), mask, positions, chunk_size=8)
+        return jnp.sum((lp + 0.1 * ent) * mask.astype(bool))
+
+    results = {}
+    for name in ("eager", "blockwise"):
+        cfg = dataclasses.replace(config, attn_implementation=name)
+        logits = jax.jit(forward, static_argnums=1)(params, cfg, ids, mask, positions)
+        grads = jax.jit(jax.grad(loss), static_argnums=1)(params, cfg)
+        results[name] = (np.asarray(logits)[valid], grads)
+    np.testing.assert_allclose(results["blockwise"][0], results["eager"][0], atol=1e-5, rtol=1e-5)
+    flat_b, flat_e = jax.tree.leaves(results["blockwise"][1]), jax.tree.leaves(results["eager"][1])
+    for a, b in zip(flat_b, flat_e):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5, rtol=1e-4)
+
+
+def test_blockwise_grad_memory_is_linear_in_length():
+    """Compiled (never run) gradient of a one-layer model at T=4096: the eager program holds [T, T] scores, the
+    blockwise one only O(T) activations and a few block tiles."""
+    b, t = 1, 4096
+    config = tiny_config(num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=t)
+    params = jax.eval_shape(lambda: init_params(config, 0))
+    ids = jax.ShapeDtypeStruct((b, t), jnp.int32)
+    temp = {}
+    for name in ("eager", "blockwise"):
+        cfg = dataclasses.replace(config, attn_implementation=name)
+        loss = lambda p, i: jnp.sum(forward(p, cfg, i)[..., 0])  # noqa: E731
+        temp[name] = jax.jit(jax.grad(loss)).lower(params, ids).compile().memory_analysis().temp_size_in_bytes
+    scores_bytes = b * config.num_attention_heads * t * t * 4
+    assert temp["eager"] >= scores_bytes  # the reference really materialises the scores
+    assert temp["blockwise"] < temp["eager"] / 4 and temp["blockwise"] < scores_bytes / 4, temp
+
+
+def test_auto_and_cudnn_selection_on_this_backend():
+    assert jax.default_backend() != "gpu"
+    assert attn.resolve_implementation("auto", attn.AUTO_BLOCKWISE_MIN_KEYS + 1, jnp.bfloat16, 64) == "blockwise"
+    assert attn.resolve_implementation("auto", attn.AUTO_BLOCKWISE_MIN_KEYS, jnp.bfloat16, 64) == "eager"
+    with pytest.raises(ValueError, match=r"model\.attn_implementation='cudnn'.*GPU"):
+        attn.resolve_implementation("cudnn", 16, jnp.bfloat16, 64)
+    config = tiny_config(attn_implementation="cudnn")
+    with pytest.raises(ValueError, match=r"model\.attn_implementation='cudnn'"):
+        forward(random_params(tiny_config()), config, jnp.ones((1, 4), jnp.int32))
+    with pytest.raises(WorkerConfigError, match=r"critic\.model\.attn_implementation='cudnn'.*GPU"):
+        load_model(ModelConfig(path="tiny-random", attn_implementation="cudnn"), where="critic.model")
+    with pytest.raises(ValueError, match=r"model\.attn_implementation"):
+        tiny_config(attn_implementation="flash")
+
+
+def test_prefix_length_path_of_cudnn_equals_eager():
+    """The cudnn path's masking (rows rotated so their run starts at 0, lengths as sequence lengths) run with
+    jax's ``xla`` implementation of the same API; packed rows and gaps are detected for the blockwise fallback."""
+    q, k, v = _qkv(5, 2, 2)
+    seg = np.ones((3, T), np.int32)
+    seg[0, :11], seg[1, :3], seg[1, 30:], seg[2] = 0, 0, 0, 0
+    q, k, v = (jnp.concatenate([x, x[:1]]) for x in (q, k, v))
+    got = np.asarray(attn.prefix_length_attention(q, k, v, jnp.asarray(seg), 0.3, implementation="xla"))
+    want = np.asarray(attn.eager_attention(q, k, v, jnp.asarray(seg), 0.3))
+    rows = seg != 0
+    np.testing.assert_allclose(got[rows], want[rows], atol=1e-5, rtol=1e-5)
+    assert np.all(got[~rows] == 0.0)
+    assert bool(attn._contiguous_runs(jnp.asarray(seg))[2])
+    assert not bool(attn._contiguous_runs(jnp.asarray(_segments("packed")))[2])
+    assert not bool(attn._contiguous_runs(jnp.asarray(_segments("fully_masked")))[2])  # a gap inside row 1
+
+
+def _count_primitive(jaxpr, name: str) -> int:
+    count = 0
+    for eqn in jaxpr.eqns:
+        count += eqn.primitive.name == name
+        for param in eqn.params.values():
+            for sub in param if isinstance(param, (list, tuple)) else [param]:
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    count += _count_primitive(inner, name)
+    return count
+
+
+def test_remat_policies_keep_gradients_and_save_attn_out_skips_attention_recompute():
+    config = tiny_config(num_hidden_layers=1, attn_implementation="blockwise")
+    params = random_params(config)
+    ids = jnp.asarray(np.random.default_rng(0).integers(3, config.vocab_size, (2, 12)), jnp.int32)
+    mask = jnp.asarray(np.concatenate([np.zeros((2, 3)), np.ones((2, 9))], axis=1).astype(np.int32))
+
+    def grad_fn(cfg):
+        return jax.grad(lambda p: jnp.sum(forward(p, cfg, ids, mask) * mask[..., None]))
+
+    # the blockwise forward and its backward each hold one while loop (the key / query blocks a block sees);
+    # full remat reruns the forward in the backward pass, save_attn_out-style policies keep its output
+    loops = {}
+    reference = jax.jit(grad_fn(config))(params)
+    for remat in ("full", "save_attn_out", "save_attn_out_mlp_in", "dots_no_batch_attn_out"):
+        cfg = dataclasses.replace(config, remat=remat)
+        loops[remat] = _count_primitive(jax.make_jaxpr(grad_fn(cfg))(params).jaxpr, "while")
+        if remat == "save_attn_out":  # (full remat's gradients: tests/test_models_decoder.py)
+            for a, b in zip(jax.tree.leaves(jax.jit(grad_fn(cfg))(params)), jax.tree.leaves(reference)):
+                np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=1e-5)
+    plain = _count_primitive(jax.make_jaxpr(grad_fn(config))(params).jaxpr, "while")
+    assert plain == 2 and loops["full"] == 3, (loops, plain)
+    assert loops["save_attn_out"] == loops["save_attn_out_mlp_in"] == loops["dots_no_batch_attn_out"] == 2, loops
+
+
+def test_config_keys():
+    # names kept in one place each: the schema's Literal choices equal the model's supported values
+    hints = typing.get_type_hints(ModelConfig)
+    assert set(typing.get_args(hints["remat"])) == set(SUPPORTED_REMAT)
+    assert set(typing.get_args(hints["attn_implementation"])) == set(SUPPORTED_ATTN_IMPLEMENTATIONS)
+
+    verl_key = "actor_rollout_ref.model.enable_gradient_checkpointing=true"
+    config = load_config("grpo", preset="smoke", overrides=[verl_key, "model.attn_implementation=blockwise"])
+    assert (config.model.remat, config.model.attn_implementation) == ("full", "blockwise")
+    config = load_config("grpo", preset="smoke", overrides=["model.enable_gradient_checkpointing=true",
+                                                          "model.remat=save_attn_out"])
+    assert config.model.remat == "save_attn_out"
+    assert load_config("grpo", preset="smoke").model.remat == "none"
+    config = load_config("ppo", preset="smoke", overrides=["critic.model.path=tiny-random",
+                                                         "critic.model.enable_gradient_checkpointing=true"])
+    assert config.critic.model.remat == "full"
+    with pytest.raises(ConfigError, match=r"model\.attn_implementation"):
+        load_config("grpo", preset="smoke", overrides=["model.attn_implementation=flash"])
+    with pytest.raises(ConfigError, match=r"model\.remat"):
+        load_config("grpo", preset="smoke", overrides=["model.remat=everything"])
+
+    tiny = ModelConfig(path="tiny-random", remat="save_attn_out", attn_implementation="eager")
+    loaded = load_model(tiny).config
+    assert (loaded.remat, loaded.attn_implementation) == ("save_attn_out", "eager")
+
+
+@pytest.mark.skipif(len(jax.devices()) < 8, reason="needs XLA_FLAGS=--xla_force_host_platform_device_count=8")
+def test_blockwise_grads_under_ulysses_tp_sp_mesh_equal_single_device_eager():
+    """The custom-VJP loops under the ``sp`` rule set on a (tp=2, dp=2, sp=2) training mesh: the sequence is split
+    over sp outside attention and whole inside it (heads over tp·sp), rows over dp."""
+    from jaxrl_hf.mesh.device_mesh import build_train_mesh
+    from jaxrl_hf.mesh.rule_sets import SP
+    from jaxrl_hf.mesh.topology import TrainParallel
+    from jaxrl_hf.models import param_shardings
+
+    mesh = build_train_mesh(TrainParallel(1, 2, 4, sp=2))
+    config = tiny_config(num_hidden_layers=1, vocab_size=96)
+    params = random_params(config)
+    ids = jnp.asarray(np.random.default_rng(4).integers(3, config.vocab_size, (4, 20)), jnp.int32)
+    mask = jnp.asarray(np.repeat(_segments("packed")[:, :20], 2, axis=0))
+
+    def loss(p, cfg, mesh=None):
+        logits = forward(p, cfg, ids, mask, mesh=mesh, rules=SP.activations if mesh is not None else None)
+        return jnp.sum(jax.nn.log_softmax(logits)[..., 5] * (mask != 0))
+
+    blockwise = dataclasses.replace(config, attn_implementation="blockwise")
+    placed = jax.device_put(params, param_shardings(config, mesh, SP.params))
+    got = jax.jit(jax.grad(lambda p: loss(p, blockwise, mesh)))(placed)
+    want = jax.jit(jax.grad(lambda p: loss(p, dataclasses.replace(config, attn_implementation="eager"))))(params)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5, rtol=1e-4)
