@@ -29,6 +29,7 @@ from jaxrl_hf.memory_plan import programs as P
 from jaxrl_hf.memory_plan.cost_model import cost_model_inputs, predict
 from jaxrl_hf.memory_plan.report import collective_counts, memory_stats
 from jaxrl_hf.memory_plan.verl_keys import PlanKeys, classify_keys
+from jaxrl_hf.models.attention import cudnn_usable
 from jaxrl_hf.models.known_configs import known_decoder_config
 from jaxrl_hf.workers.common import WorkerConfigError, train_parallel, train_rule_set
 from jaxrl_hf.workers.generation_layout import generation_parallel
@@ -133,6 +134,18 @@ def load_plan_config(args: Sequence[str], devices: int, algo: str = "dapo") -> t
     return config, keys
 
 
+def plan_attention(config: RunConfig, keys: PlanKeys) -> str:
+    """``model.attn_implementation`` as the plan compiles it: as given, except ``cudnn`` where this backend has no
+    cuDNN (XLA:CPU), planned as ``blockwise`` (both keep O(T) attention memory; noted among the mapped keys).
+    ``auto`` resolves as in a worker on this backend (blockwise above 1024 tokens on CPU, where a GPU worker would
+    take cuDNN)."""
+    name = config.model.attn_implementation
+    if name == "cudnn" and cudnn_usable(config.model.dtype) is not None:
+        keys.mapped.append(("model.attn_implementation", "blockwise (cudnn is not available on this backend)"))
+        return "blockwise"
+    return name
+
+
 def plan_devices(devices: int) -> list[jax.Device]:
     """The first ``devices`` devices in rank order; too few raises saying how to get more."""
     have = meshlib.ordered_devices()
@@ -206,7 +219,8 @@ def plan_memory(model: str, devices: int, args: Sequence[str] = (), device_memor
     `jaxrl_hf.models.known_configs.KNOWN_HF_CONFIGS` or a ``config.json``) on ``devices`` devices under verl's
     ``args``; returns the JSON-able report (`jaxrl_hf.memory_plan.report` defines its byte counts)."""
     config, keys = load_plan_config(args, devices, algo)
-    decoder = known_decoder_config(model, dtype=config.model.dtype, remat=config.model.remat)
+    decoder = known_decoder_config(model, dtype=config.model.dtype, remat=config.model.remat,
+                                   attn_implementation=plan_attention(config, keys))
     layout = P.ActorLayout.build(config, decoder, plan_devices(devices))
     update = P.update_actor_program(layout)
     ref = _ref_bytes(layout) if (config.actor.use_kl_loss or config.algorithm.use_kl_in_reward) else 0

@@ -10,7 +10,7 @@ Every ``key=value`` (verl's spelling: ``actor_rollout_ref.actor.X`` is ``actor.X
 * **mapped**: verl keys the loader does not know that the plan needs (`PLAN_MAPPED`), turned into loader
   keys or plan settings: rollout ``tensor_model_parallel_size`` -> ``placement.generate.tp``; the FSDP offload
   flags -> ``actor.offload_optimizer`` and the plan's param-offload settings; ``*_per_gpu`` micro-batch sizes
-  -> ``*_per_device``; ``model.enable_gradient_checkpointing`` -> ``model.remat`` (``full``/``none``).
+  -> ``*_per_device``.
   A key the schema knows is never mapped here: once the loader learns a key, it is applied as is.
 * **ignored**: keys that do not change the planned memory: schema keys of other sections (file paths,
   logging, rewards, ...), ``model.path`` (the plan's model is ``--model``), and the verl keys in
@@ -38,14 +38,13 @@ APPLIED_SCHEMA_KEYS = ("model.", "actor.", "rollout.", "ref.", "placement.", "da
                        "trainer.n_gpus_per_node", "algorithm.use_kl_in_reward")
 IGNORED_SCHEMA_KEYS = {"model.path": "the plan's model is --model"}
 
-# verl key (canonical) -> (target, kind): kind "loader" sets the target config key to the value, "remat" sets
-# model.remat from a bool, "setting" sets a PlanKeys field
+# verl key (canonical) -> (target, kind): kind "loader" sets the target config key to the value, "setting" sets a
+# PlanKeys field (a bool)
 PLAN_MAPPED: dict[str, tuple[str, str]] = {
     "rollout.tensor_model_parallel_size": ("placement.generate.tp", "loader"),
     "actor.fsdp_config.optimizer_offload": ("actor.offload_optimizer", "loader"),
     "actor.ppo_micro_batch_size_per_gpu": ("actor.ppo_micro_batch_size_per_device", "loader"),
     "rollout.log_prob_micro_batch_size_per_gpu": ("actor.log_prob_micro_batch_size_per_device", "loader"),
-    "model.enable_gradient_checkpointing": ("model.remat", "remat"),
     "actor.fsdp_config.param_offload": ("offload_params", "setting"),
     "ref.fsdp_config.param_offload": ("offload_ref_params", "setting"),
 }
@@ -76,8 +75,6 @@ IGNORED_VERL_KEYS: dict[str, str] = {
 
 # verl keys (canonical) that change memory but are not modelled yet (until the schema learns them)
 NOT_MODELLED: dict[str, str] = {
-    "actor.ulysses_sequence_parallel_size": "sequence parallelism over an sp mesh axis",
-    "ref.ulysses_sequence_parallel_size": "sequence parallelism of the reference forward",
     "model.use_remove_padding": "packed (padding-free) micro-batches",
     "actor.use_dynamic_bsz": "token-budget micro-batches",
     "actor.ppo_max_token_len_per_gpu": "token-budget micro-batches",
@@ -85,7 +82,6 @@ NOT_MODELLED: dict[str, str] = {
     "rollout.log_prob_max_token_len_per_gpu": "token-budget log-prob micro-batches",
     "ref.log_prob_use_dynamic_bsz": "token-budget reference micro-batches",
     "ref.log_prob_max_token_len_per_gpu": "token-budget reference micro-batches",
-    "model.attn_implementation": "blockwise attention",
 }
 
 
@@ -153,12 +149,7 @@ def classify_keys(args: list[str]) -> PlanKeys:
                     flag = coerce(value, bool, raw)
                 except ConfigError as err:
                     raise ValueError(str(err)) from None
-                if kind == "remat":
-                    target_value = "full" if flag else "none"
-                    out.overrides.append(f"{target}={target_value}")
-                    target = f"{target}={target_value}"
-                else:
-                    setattr(out, target, flag)
+                setattr(out, target, flag)
             out.mapped.append((raw, target))
         elif key in IGNORED_VERL_KEYS:
             out.ignored.append((raw, IGNORED_VERL_KEYS[key]))
