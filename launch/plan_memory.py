@@ -18,8 +18,7 @@ share of ``--device-memory``), plus the layout, offload flags and what was done 
 
 Backend: XLA:CPU (no jax CUDA plugin is installed, so XLA:GPU deviceless compilation is not reachable). Params,
 optimizer, argument and output bytes and the collectives are exact; temp bytes can differ on a GPU (other
-fusions; cuDNN's fused attention never holds the [T, T] scores the plain attention here does). See
-`jaxrl_hf.memory_plan.plan`.
+fusions; cuDNN's fused attention where the plan compiles the blockwise one). See `jaxrl_hf.memory_plan.plan`.
 
 Defaults (verl's, applied before the keys; `jaxrl_hf.memory_plan.plan.PLAN_DEFAULTS`): ``actor.strategy=fsdp``,
 bf16 compute over float32 params, ``data.gen_batch_size`` = ``data.train_batch_size``, one sequence per device per

@@ -6,9 +6,9 @@ Backend: the plan compiles with whatever XLA backend JAX has; this package ships
 deviceless compilation is not reachable). How CPU numbers relate to a GPU's: sharding, SPMD partitioning, buffer
 assignment and liveness are XLA-generic, so param, optimizer, argument and output bytes are exact and the
 collectives are those the partitioner inserts (XLA:CPU forms no reduce-scatter: a gradient reduced into its
-shards shows as an all-reduce whose result only the shard keeps); temp bytes can differ, since XLA:GPU fuses
-differently and may call cuDNN's fused attention, which never materialises the ``[T, T]`` scores that the
-plain attention here does.
+shards shows as an all-reduce whose result only the shard keeps, and bf16 collectives run in f32); temp bytes
+can differ, since XLA:GPU fuses differently and ``model.attn_implementation=auto`` takes cuDNN's fused attention
+there where the plan compiles the blockwise one (both O(T) memory; `plan_attention`).
 """
 
 from __future__ import annotations
