@@ -66,3 +66,18 @@ def _deep_merge(base: dict, extra: dict) -> dict:
         merged[key] = _deep_merge(merged[key], value) if isinstance(value, dict) and isinstance(
             merged.get(key), dict) else value
     return merged
+
+
+def assert_smoke_run_trained(run_dir, steps: int) -> list[dict]:
+    """The update records of a finished run's ``metrics.jsonl``: ``steps`` of them, numbered 1.., each with a
+    response and a finite gradient norm."""
+    import json
+    import os
+
+    with open(os.path.join(run_dir, "metrics.jsonl")) as fh:
+        records = [json.loads(line) for line in fh if line.strip()]
+    updates = [r for r in records if "actor/pg_loss" in r]
+    assert [r["step"] for r in updates] == list(range(1, steps + 1))
+    for r in updates:
+        assert r["response_length/mean"] > 0 and np.isfinite(r["actor/grad_norm"])
+    return updates

@@ -8,7 +8,6 @@ rank 0's node, and a jitted computation sharded over all 4 devices matches numpy
 checks the placement and the program, not GPUs or a network between machines.
 """
 
-import json
 import os
 import sys
 
@@ -17,6 +16,7 @@ import numpy as np
 import pytest
 import ray
 
+from _models_helpers import assert_smoke_run_trained
 from jaxrl_hf.config import load_config
 from jaxrl_hf.controller import ControllerError, Dispatch, ResourcePool, Worker, WorkerGroup, register
 from jaxrl_hf.trainer.roles import make_pool
@@ -137,10 +137,5 @@ def test_grpo_smoke_on_two_nodes(two_nodes, tmp_path):
                  "placement.devices_per_process=2", "actor.ppo_micro_batch_size_per_device=1",
                  "trainer.val_before_train=false", "trainer.compilation_cache_dir=null"]
     assert run("grpo", preset="smoke", overrides=overrides) == 0
-    with open(os.path.join(run_dir, "metrics.jsonl")) as fh:
-        records = [json.loads(line) for line in fh if line.strip()]
-    steps = [r for r in records if "actor/pg_loss" in r]
-    assert [r["step"] for r in steps] == [1, 2]
-    for r in steps:
-        assert r["response_length/mean"] > 0 and np.isfinite(r["actor/grad_norm"])
+    assert_smoke_run_trained(run_dir, 2)
     assert os.path.isdir(run_dir / "checkpoints" / "global_step_2" / "actor")  # written by both nodes' processes

@@ -16,7 +16,7 @@ import os
 import numpy as np
 import pytest
 
-from _models_helpers import TINY_WORKER_MODEL, random_prompts, tiny_worker_config
+from _models_helpers import TINY_WORKER_MODEL, assert_smoke_run_trained, random_prompts, tiny_worker_config
 from jaxrl_hf.controller import Batch, ResourcePool, WorkerGroup, WorkerMethodError
 from jaxrl_hf.rollout import multiprocess as mp
 from jaxrl_hf.workers import ActorRolloutRefWorker
@@ -166,12 +166,7 @@ def test_grpo_smoke_two_processes(ray_cluster, tmp_path):
     overrides = [f"trainer.run_dir={run_dir}", "placement.num_processes=2", "placement.devices_per_process=2",
                  "placement.train.dp=4", "actor.ppo_micro_batch_size_per_device=1"]
     assert run("grpo", preset="smoke", overrides=overrides) == 0
-    with open(os.path.join(run_dir, "metrics.jsonl")) as fh:
-        records = [json.loads(line) for line in fh if line.strip()]
-    steps = [r for r in records if "actor/pg_loss" in r]
-    assert [r["step"] for r in steps] == [1, 2]
-    for r in steps:
-        assert r["response_length/mean"] > 0 and np.isfinite(r["actor/grad_norm"])
+    assert_smoke_run_trained(run_dir, 2)
 
 
 @pytest.mark.slow
