@@ -54,6 +54,46 @@ def test_verl_aliases_map_to_sections():
     assert cfg.actor.optim.total_steps == 7  # derived default follows
 
 
+def test_packing_and_dynamic_batch_keys_follow_verl():
+    """verl's spellings load; the log-prob and critic passes inherit the actor's switch and budget unless set; a
+    partial ``critic.model`` takes the rest (path included) from ``model``."""
+    cfg = load_config("ppo", preset="smoke", overrides=[
+        "actor_rollout_ref.model.use_remove_padding=True", "actor_rollout_ref.actor.use_dynamic_bsz=True",
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=96",
+        "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=200",
+        "critic.forward_max_token_len_per_gpu=300", "critic.model.use_remove_padding=False"])
+    assert cfg.model.use_remove_padding and cfg.actor.use_dynamic_bsz
+    assert (cfg.rollout.log_prob_use_dynamic_bsz, cfg.rollout.log_prob_max_token_len_per_gpu) == (True, 96)
+    assert (cfg.ref.log_prob_use_dynamic_bsz, cfg.ref.log_prob_max_token_len_per_gpu) == (True, 200)
+    critic = cfg.critic
+    budgets = (critic.ppo_max_token_len_per_gpu, critic.forward_max_token_len_per_gpu)
+    assert critic.use_dynamic_bsz and budgets == (96, 300)
+    assert cfg.critic.model.path == "tiny-random" and cfg.critic.model.tiny == cfg.model.tiny
+    assert not cfg.critic.model.use_remove_padding
+    plain = load_config("grpo", preset="smoke")
+    assert not (plain.model.use_remove_padding or plain.actor.use_dynamic_bsz or plain.rollout.log_prob_use_dynamic_bsz)
+    # by tokens, the row count per micro-batch is unused: no divisibility error for it
+    load_config("grpo", preset="smoke", overrides=["actor.use_dynamic_bsz=true", "actor.ppo_max_token_len_per_gpu=80",
+                                                   "actor.ppo_micro_batch_size_per_device=3"])
+
+
+@pytest.mark.parametrize("overrides, fragments", [
+    (["actor.use_dynamic_bsz=true"], ["'actor.ppo_max_token_len_per_gpu'=None", "actor.use_dynamic_bsz=True", "80"]),
+    (["actor.use_dynamic_bsz=true", "actor.ppo_max_token_len_per_gpu=79"],
+     ["'actor.ppo_max_token_len_per_gpu'=79", "smaller than one row", "= 80 tokens"]),
+    (["rollout.log_prob_use_dynamic_bsz=true", "rollout.log_prob_max_token_len_per_gpu=64"],
+     ["'rollout.log_prob_max_token_len_per_gpu'=64", "smaller than one row"]),
+    (["algorithm.adv_estimator=gae", "critic.use_dynamic_bsz=true", "critic.ppo_max_token_len_per_gpu=512",
+      "critic.forward_max_token_len_per_gpu=8"], ["'critic.forward_max_token_len_per_gpu'=8", "smaller than one row"]),
+])
+def test_token_budgets_are_checked(overrides, fragments):
+    with pytest.raises(ConfigError) as err:
+        load_config("ppo" if "algorithm.adv_estimator=gae" in overrides else "grpo", preset="smoke",
+                    overrides=overrides)
+    for fragment in fragments:
+        assert fragment in str(err.value), str(err.value)
+
+
 @pytest.mark.parametrize("override, fragments", [
     ("actor.clip_ratio_hgih=0.3", ["actor.clip_ratio_hgih", "valid keys under 'actor'", "clip_ratio_high"]),
     ("trainr.total_steps=3", ["trainr", "valid keys at the top level", "trainer"]),

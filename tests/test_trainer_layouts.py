@@ -1,8 +1,9 @@
 """The training layout is a rule set chosen by config, not a second code path: the same GRPO smoke step through
 ``launch/train.py``'s trainer, Ray and the worker groups on 4 host devices logs the same loss, gradient norm and
 score under ``strategy=megatron`` dp4, ``strategy=fsdp`` dp4 (ZeRO-3: params, grads and Adam moments sharded
-over dp), fsdp over dp2 x tp2 (``fsdp_tp``) and fsdp over dp2 x Ulysses sp2 (``fsdp_sp``: each pair of devices
-holds the same rows, each half of every sequence; ZeRO-3 over all 4), written with verl's keys. Micro-batches
+over dp), fsdp over dp2 x tp2 (``fsdp_tp``), fsdp over dp2 x Ulysses sp2 (``fsdp_sp``: each pair of devices
+holds the same rows, each half of every sequence; ZeRO-3 over all 4) and fsdp dp4 with packed sequences in
+token-budget micro-batches (``use_remove_padding`` + ``use_dynamic_bsz``), written with verl's keys. Micro-batches
 accumulate exactly (token-mean over the mini-batch), so the numbers agree up to float reduction order."""
 
 from __future__ import annotations
@@ -26,6 +27,11 @@ LAYOUTS = {
     # verl: world 4, ulysses_sequence_parallel_size 2 -> 2 data-parallel groups of 2 (placement.train.dp counts all 4)
     "fsdp_dp2_sp2": ["actor_rollout_ref.actor.strategy=fsdp", "placement.train.dp=4",
                      "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"],
+    # packed sequences in token-budget micro-batches (the smoke preset's rows are at most 64 + 16 = 80 tokens)
+    "fsdp_dp4_packed": ["actor_rollout_ref.actor.strategy=fsdp", "placement.train.dp=4",
+                        "actor_rollout_ref.model.use_remove_padding=True",
+                        "actor_rollout_ref.actor.use_dynamic_bsz=True",
+                        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=96"],
 }
 PARITY_SCORER = '''
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):
@@ -54,3 +60,8 @@ def test_layouts_log_the_same_step(tmp_path):
     for name in ("fsdp_dp4", "fsdp_dp2_tp2", "fsdp_dp2_sp2"):
         for key in COMPARED:
             assert records[name][0][key] == pytest.approx(reference[key], rel=1e-4, abs=1e-7), (name, key)
+    # other micro-batches (by tokens, not rows): the same loss and gradient; ratio metrics average per micro-batch
+    packed = records["fsdp_dp4_packed"][0]
+    for key in ("actor/pg_loss", "actor/grad_norm", "critic/score/mean", "response_length/mean"):
+        assert packed[key] == pytest.approx(reference[key], rel=1e-3, abs=1e-7), key
+    assert 0 <= packed["actor/padding_ratio"] < 1

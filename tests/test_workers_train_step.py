@@ -118,6 +118,25 @@ def test_micro_batches_give_the_one_batch_update(cfg):
     np.testing.assert_allclose(state.params["table"], ref_state.params["table"], rtol=1e-5, atol=1e-7)
 
 
+def test_empty_micro_batches_are_skipped_and_not_averaged():
+    """Micro-batches that only pad the count to a static size (``live_fn`` false: no scored token; packed
+    micro-batches by token budget) leave the update and every metric as without them."""
+    cfg = loss_config(loss_agg_mode="seq-mean-token-mean", clip_ratio=0.1, entropy_coeff=0.01)
+    optim = OptimConfig(lr=1e-2, weight_decay=0.0)
+    micro = micro_split(toy_batch(), 4)
+    padded = jax.tree.map(lambda x: jnp.concatenate([x[:2], jnp.zeros_like(x[:3]), x[2:]]), micro)
+    state0 = init_train_state(toy_params(), make_optimizer(optim, None))
+    plain_state, plain = make_step(cfg, optim, grad_clip=None, donate=False)(state0, micro)
+    live = lambda m: jnp.any(m["response_mask"] != 0)  # noqa: E731
+    state, metrics = make_step(cfg, optim, grad_clip=None, donate=False, live_fn=live)(state0, padded)
+    assert float(plain["pg_clipfrac"]) > 0
+    for key in plain:
+        np.testing.assert_allclose(metrics[key], plain[key], rtol=1e-6, atol=1e-9, err_msg=key)
+    np.testing.assert_allclose(state.params["table"], plain_state.params["table"], rtol=1e-6, atol=1e-9)
+    _, counted = make_step(cfg, optim, grad_clip=None, donate=False)(state0, padded)  # empties counted: diluted
+    np.testing.assert_allclose(counted["pg_clipfrac"], plain["pg_clipfrac"] * 4 / 7, rtol=1e-5)
+
+
 @pytest.mark.parametrize("mode", algos.LOSS_AGG_MODES)
 def test_loss_value_matches_numpy_formula_on_policy(mode):
     """Ratio 1 (old = current log-probs): the vanilla loss is −agg(A); computed here in float64."""

@@ -144,6 +144,22 @@ def apply_overrides(base: dict[str, Any], overrides: Iterable[str]) -> None:
         target[parts[-1]] = value
 
 
+def inherit_critic_model(data: dict[str, Any]) -> None:
+    """A ``critic.model`` section given in part (e.g. only verl's ``critic.model.use_remove_padding``) takes its
+    other keys, ``path`` included, from ``model`` (verl: the critic's model defaults to the actor's), in place."""
+    partial = (data.get("critic") or {}).get("model")
+    if not isinstance(partial, dict):
+        return
+
+    def overlay(base: dict[str, Any], layer: dict[str, Any]) -> dict[str, Any]:
+        for key, value in layer.items():
+            base[key] = overlay(base[key], value) if isinstance(value, dict) and isinstance(base.get(key), dict) \
+                else value
+        return base
+
+    data["critic"]["model"] = overlay(copy.deepcopy(data["model"]), partial)
+
+
 def read_yaml(path: Path) -> dict[str, Any]:
     """A YAML file as a dict (an empty file is ``{}``); errors name the file."""
     try:
@@ -188,6 +204,7 @@ def load_config(algo: str, preset: str | Sequence[str] | None = None, overrides:
         path = preset_path(name.strip())
         merge_layer(data, read_yaml(path), str(path))
     apply_overrides(data, list(overrides))
+    inherit_critic_model(data)
     if data.get("algo") != algo:
         raise ConfigError(f"config key 'algo' is {data.get('algo')!r} but --algo is {algo!r}; set the algorithm with --algo")
     config = build_dataclass(RunConfig, data)

@@ -19,16 +19,16 @@ def critic_enabled(config: RunConfig) -> bool:
     return name in ADV_ESTIMATORS and "values" in adv_estimator_needs(name)
 
 
-def _or_actor(value: int | None, actor_value: int) -> int:
-    """``value`` unless unset (``None``: the actor's). Not ``or``: a 0 must reach validation."""
-    return actor_value if value is None else value
-
-
 def model_with_remat(model: ModelConfig) -> ModelConfig:
     """verl's ``enable_gradient_checkpointing=true`` is ``remat=full`` unless ``remat`` already names a policy."""
     if model.enable_gradient_checkpointing and model.remat == "none":
         return dataclasses.replace(model, remat="full")
     return model
+
+
+def _first_set(value: object, default: object) -> object:
+    """``value`` unless unset (``None``: ``default``). Not ``or``: a 0 or ``False`` must reach validation."""
+    return default if value is None else value
 
 
 def resolve_defaults(config: RunConfig) -> RunConfig:
@@ -53,17 +53,26 @@ def resolve_defaults(config: RunConfig) -> RunConfig:
         or config.actor.ppo_micro_batch_size_per_device,
     )
     actor = config.actor
+    for section in ("rollout", "ref"):  # verl: the log-prob passes follow the actor's dynamic batch size
+        value = getattr(config, section)
+        setattr(config, section, dataclasses.replace(
+            value, log_prob_use_dynamic_bsz=_first_set(value.log_prob_use_dynamic_bsz, actor.use_dynamic_bsz),
+            log_prob_max_token_len_per_gpu=value.log_prob_max_token_len_per_gpu or actor.ppo_max_token_len_per_gpu))
+    critic_budget = config.critic.ppo_max_token_len_per_gpu or actor.ppo_max_token_len_per_gpu
     config.critic = dataclasses.replace(
         config.critic,
         enable=critic_enabled(config),
+        use_dynamic_bsz=_first_set(config.critic.use_dynamic_bsz, actor.use_dynamic_bsz),
+        ppo_max_token_len_per_gpu=critic_budget,
+        forward_max_token_len_per_gpu=config.critic.forward_max_token_len_per_gpu or critic_budget,
         ppo_mini_batch_size=config.critic.ppo_mini_batch_size or actor.ppo_mini_batch_size,
         ppo_micro_batch_size_per_device=config.critic.ppo_micro_batch_size_per_device or actor.ppo_micro_batch_size_per_device,
         ppo_epochs=config.critic.ppo_epochs or actor.ppo_epochs,
-        ulysses_sequence_parallel_size=_or_actor(config.critic.ulysses_sequence_parallel_size,
+        ulysses_sequence_parallel_size=_first_set(config.critic.ulysses_sequence_parallel_size,
                                                  actor.ulysses_sequence_parallel_size),
         optim=dataclasses.replace(config.critic.optim, total_steps=config.critic.optim.total_steps or trainer.total_steps),
     )
-    config.ref = dataclasses.replace(config.ref, ulysses_sequence_parallel_size=_or_actor(
+    config.ref = dataclasses.replace(config.ref, ulysses_sequence_parallel_size=_first_set(
         config.ref.ulysses_sequence_parallel_size, actor.ulysses_sequence_parallel_size))
     config.model = model_with_remat(config.model)
     if config.critic.model is not None:

@@ -116,6 +116,9 @@ class ModelConfig:
     bfloat16/float16), ``auto`` (cudnn where usable, else blockwise above 1024 tokens, else eager). Decoding
     over the KV cache is always eager. See ``jaxrl_hf.models.attention``."""
     seed: int = 0
+    use_remove_padding: bool = False
+    """Pack each micro-batch's rows into one sequence per device, no padding between them (verl's key; attention
+    and positions per row): ``jaxrl_hf.workers.packing``. For the critic: ``critic.model``'s, else this one."""
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
 
 
@@ -179,6 +182,12 @@ class ActorConfig:
     grad_clip: float = 1.0
     log_prob_micro_batch_size_per_device: Optional[int] = None
     """Rows per device when computing log-probs (default: ``ppo_micro_batch_size_per_device``)."""
+    use_dynamic_bsz: bool = False
+    """Form update micro-batches by a token budget instead of a row count (verl's key): balanced over the dp
+    devices, ``ppo_micro_batch_size_per_device`` unused. Also the default of the log-prob and critic passes."""
+    ppo_max_token_len_per_gpu: Optional[int] = None
+    """Valid tokens (prompt + response) per device per update micro-batch with ``use_dynamic_bsz``; with
+    ``model.use_remove_padding`` also the packed length. At least one row (``max_prompt_length + response_length``)."""
     ptx_coef: float = 0.0
     """Safe-RLHF / InstructGPT pre-training (ptx) loss weight; > 0 needs ``data.ptx_files`` rows."""
     offload_optimizer: bool = False
@@ -230,6 +239,10 @@ class RolloutConfig:
     """Default: ``data.max_response_length``."""
     seed: int = 0
     """Sampling seed (per step, call and dp rank; with ``name=vllm`` also vLLM's engine seed)."""
+    log_prob_use_dynamic_bsz: Optional[bool] = None
+    """``compute_log_prob`` micro-batches by tokens (default: ``actor.use_dynamic_bsz``)."""
+    log_prob_max_token_len_per_gpu: Optional[int] = None
+    """Its token budget per device (default: ``actor.ppo_max_token_len_per_gpu``)."""
     loop: str = "single_turn"
     """Rollout loop run on the engine per rollout (``jaxrl_hf.rollout.loops``): ``single_turn`` (alias
     ``single_turn_agent``) or any loop registered with ``register_rollout_loop``."""
@@ -266,6 +279,10 @@ class RefConfig:
     ulysses_sequence_parallel_size: Optional[int] = None
     """verl's key; the reference lives on the actor's mesh, so it must equal
     ``actor.ulysses_sequence_parallel_size`` (null: the actor's)."""
+    log_prob_use_dynamic_bsz: Optional[bool] = None
+    """``compute_ref_log_prob`` micro-batches by tokens (default: ``actor.use_dynamic_bsz``)."""
+    log_prob_max_token_len_per_gpu: Optional[int] = None
+    """Its token budget per device (default: ``actor.ppo_max_token_len_per_gpu``)."""
 
 
 # -------------------------------------------------------------------------------------------- critic
@@ -286,6 +303,12 @@ class CriticConfig:
     """Default: ``actor.ppo_micro_batch_size_per_device``."""
     ppo_epochs: Optional[int] = None
     """Default: ``actor.ppo_epochs``."""
+    use_dynamic_bsz: Optional[bool] = None
+    """Micro-batches by token budget, as ``actor.use_dynamic_bsz`` (default: the actor's)."""
+    ppo_max_token_len_per_gpu: Optional[int] = None
+    """Tokens per device per update micro-batch (default: ``actor.ppo_max_token_len_per_gpu``)."""
+    forward_max_token_len_per_gpu: Optional[int] = None
+    """Tokens per device per ``compute_values`` micro-batch (default: ``critic.ppo_max_token_len_per_gpu``)."""
     shuffle: bool = False
     cliprange_value: float = 0.5
     loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = (

@@ -84,11 +84,11 @@ def check_batch_arithmetic(config: RunConfig) -> None:
     _positive("data.train_batch_size", d.train_batch_size)
     _positive("rollout.n", n)
     roles = [("actor", config.actor.ppo_mini_batch_size, config.actor.ppo_micro_batch_size_per_device,
-              config.actor.ulysses_sequence_parallel_size)]
+              config.actor.ulysses_sequence_parallel_size, config.actor.use_dynamic_bsz)]
     if config.critic.enable:
         roles.append(("critic", config.critic.ppo_mini_batch_size, config.critic.ppo_micro_batch_size_per_device,
-                      config.critic.ulysses_sequence_parallel_size))
-    for role, mini, micro, sp in roles:
+                      config.critic.ulysses_sequence_parallel_size, config.critic.use_dynamic_bsz))
+    for role, mini, micro, sp, by_tokens in roles:
         _positive(f"{role}.ppo_mini_batch_size", mini)
         _positive(f"{role}.ppo_micro_batch_size_per_device", micro)
         if d.train_batch_size % mini:
@@ -102,7 +102,7 @@ def check_batch_arithmetic(config: RunConfig) -> None:
                   f"a mini-batch of {mini} prompts x rollout.n={n} = {sequences} sequences must split evenly over "
                   f"{over}")
         per_rank = sequences // groups
-        if per_rank % micro:
+        if per_rank % micro and not by_tokens:  # use_dynamic_bsz: micro-batches by tokens, the row count unused
             _fail(f"{role}.ppo_micro_batch_size_per_device", micro,
                   f"must divide the {per_rank} sequences per dp rank of a mini-batch "
                   f"({role}.ppo_mini_batch_size={mini} x rollout.n={n} / {over})")
@@ -110,6 +110,35 @@ def check_batch_arithmetic(config: RunConfig) -> None:
         _fail("data.train_batch_size", d.train_batch_size,
               f"train_batch_size x rollout.n={n} must be a multiple of placement.train.dp={dp}")
     _positive("data.gen_batch_size", d.gen_batch_size or 0)
+
+
+def check_micro_batching(config: RunConfig) -> None:
+    """``use_dynamic_bsz`` passes need a token budget that holds the longest row (verl's keys)."""
+    a, r, c = config.actor, config.rollout, config.critic
+    passes = [("actor.use_dynamic_bsz", a.use_dynamic_bsz, "actor.ppo_max_token_len_per_gpu",
+               a.ppo_max_token_len_per_gpu),
+              ("rollout.log_prob_use_dynamic_bsz", r.log_prob_use_dynamic_bsz, "rollout.log_prob_max_token_len_per_gpu",
+               r.log_prob_max_token_len_per_gpu),
+              ("ref.log_prob_use_dynamic_bsz", config.ref.log_prob_use_dynamic_bsz,
+               "ref.log_prob_max_token_len_per_gpu", config.ref.log_prob_max_token_len_per_gpu)]
+    if c.enable:
+        passes += [("critic.use_dynamic_bsz", c.use_dynamic_bsz, key, getattr(c, key.split(".")[1]))
+                   for key in ("critic.ppo_max_token_len_per_gpu", "critic.forward_max_token_len_per_gpu")]
+    packed = [m for m in (config.model, c.model) if m is not None and m.use_remove_padding]
+    if packed and a.ulysses_sequence_parallel_size > 1:
+        _fail("actor.ulysses_sequence_parallel_size", a.ulysses_sequence_parallel_size,
+              "model.use_remove_padding=True with Ulysses sequence parallelism is not supported yet (the packed "
+              "sequence is not split over sp): use one of the two")
+    row = r.max_prompt_length + r.response_length
+    for switch, on, key, budget in passes:
+        if not on:
+            continue
+        if budget is None:
+            _fail(key, budget, f"{switch}=True forms micro-batches by a token budget: set {key} (valid tokens per "
+                               f"device per micro-batch, >= one row of {row})")
+        if budget < row:
+            _fail(key, budget, f"smaller than one row: rollout.max_prompt_length + rollout.response_length = {row} "
+                               f"tokens must fit ({switch}=True)")
 
 
 def check_algorithm(config: RunConfig) -> None:
@@ -249,6 +278,7 @@ def validate_config(config: RunConfig) -> None:
     check_placement(config)
     check_sequence_parallel(config)
     check_batch_arithmetic(config)
+    check_micro_batching(config)
     check_algorithm(config)
     check_actor(config)
     check_data_and_rewards(config)

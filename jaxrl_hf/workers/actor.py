@@ -51,14 +51,16 @@ from jaxrl_hf.rollout import ENGINE_NAMES, JaxGenerationEngine, RolloutEngine, S
 from jaxrl_hf.rollout.loops import RolloutRequest, make_rollout_loop
 from jaxrl_hf.workers import checkpoint as ckpt
 from jaxrl_hf.workers.actor_programs import LOG_PROB_INPUTS, build_actor_update, log_probs_program
-from jaxrl_hf.workers.common import (LoadedModel, WorkerConfigError, check_sequence_parallel_heads, chunked_apply,
+from jaxrl_hf.workers.common import (LoadedModel, WorkerConfigError, check_sequence_parallel_heads,
                                      copy_tokenizer_files, lm_param_shardings, load_model, pad_sequences_to,
                                      reference_params, to_global, train_parallel, train_rule_set, worker_run_config)
 from jaxrl_hf.workers.generation_layout import GenerationLayout, generation_parallel
 from jaxrl_hf.workers.losses import lm_log_prob_fn
 from jaxrl_hf.workers.minibatch import MiniBatchPlan, iterate_minibatches, mean_metrics
 from jaxrl_hf.workers.offload import OptimizerOffload
+from jaxrl_hf.workers.packed_forward import packed_log_prob_fn
 from jaxrl_hf.workers.protocols import MESH_DP_MERGE
+from jaxrl_hf.workers.token_batches import MicroBatching, actor_micro_batching, has_response_tokens
 from jaxrl_hf.workers.train_step import TrainState, init_train_state
 
 ROLES = ("actor_rollout_ref", "actor_rollout", "ref")
@@ -93,6 +95,7 @@ class ActorRolloutRefWorker(Worker):
         self.state: TrainState | None = None
         self.ref_params: Any = None
         self.global_step, self._gen_calls = 0, 0
+        self.batching = actor_micro_batching(self.config)  # by rows, by tokens and/or packed, per pass
         loop_name = self.config.rollout.loop
         try:
             self.rollout_loop = make_rollout_loop(loop_name)
@@ -131,14 +134,17 @@ class ActorRolloutRefWorker(Worker):
         params = jax.device_put(self.model.params, shardings)
         self.model.params = None  # the placed copy is the only one
         self.log_prob_fn = lm_log_prob_fn(config, self.mesh, self.rule_set.activations)
+        self.packed_log_prob_fn = packed_log_prob_fn(config, self.mesh, self.rule_set.activations)
         if self.has_ref:
             self.ref_params = reference_params(params, config.dtype)
         if self.has_actor:
-            update = build_actor_update(self.config.actor, self.config.rollout.temperature, self.log_prob_fn,
-                                        params, shardings, self.mesh)
-            self.loss_cfg, self.optim, self._train_step = update.loss_cfg, update.optim, update.step
-            self.state = jax.jit(lambda p: init_train_state(p, update.optimizer),
-                                 out_shardings=update.state_shardings)(params)
+            update = self.batching["update"]
+            program = build_actor_update(self.config.actor, self.config.rollout.temperature,
+                                         self._forward_fn(update), params, shardings, self.mesh,
+                                         live_fn=has_response_tokens if update.dynamic else None)
+            self.loss_cfg, self.optim, self._train_step = program.loss_cfg, program.optim, program.step
+            self.state = jax.jit(lambda p: init_train_state(p, program.optimizer),
+                                 out_shardings=program.state_shardings)(params)
             self.engine = self._build_engine()
             if self.offload is not None:
                 self.state = self.offload.offload(self.state)
@@ -297,16 +303,18 @@ class ActorRolloutRefWorker(Worker):
         return Batch(result.arrays, result.objects, meta)
 
     # ------------------------------------------------------------------------------ log-probs
-    def _log_probs(self, params: Any, batch: Batch, temperature: float) -> tuple[np.ndarray, np.ndarray]:
+    def _forward_fn(self, batching: MicroBatching) -> Any:
+        return self.packed_log_prob_fn if batching.remove_padding else self.log_prob_fn
+
+    def _log_probs(self, params: Any, batch: Batch, temperature: float,
+                   batching: MicroBatching) -> tuple[np.ndarray, np.ndarray]:
         for key in LOG_PROB_INPUTS:
             if key not in batch:
                 raise KeyError(f"log-prob computation: Batch has no {key!r}; columns: {batch.keys()}")
-        per_device = self.config.actor.log_prob_micro_batch_size_per_device
-        chunk = per_device * self.dp_devices // self.dp_processes
-        program = functools.partial(log_probs_program, log_prob_fn=self.log_prob_fn)
-        inputs = pad_sequences_to({k: batch[k] for k in LOG_PROB_INPUTS}, self.train.sp)
-        logp, ent = chunked_apply(program, params, inputs, chunk, self.mesh, self.dp_processes,
-                                  jnp.float32(temperature))
+        program = functools.partial(log_probs_program, log_prob_fn=self._forward_fn(batching))
+        arrays = pad_sequences_to({k: batch[k] for k in (*LOG_PROB_INPUTS, "response_mask") if k in batch},
+                                  self.train.sp)
+        logp, ent = batching.apply(program, params, arrays, self.mesh, self.dp_processes, jnp.float32(temperature))
         if "response_mask" in batch:
             valid = np.asarray(batch["response_mask"]) != 0
             logp, ent = logp * valid, ent * valid
@@ -322,7 +330,8 @@ class ActorRolloutRefWorker(Worker):
         self._require_model("compute_log_prob")
         if not self.has_actor:
             raise RuntimeError("role 'ref' has no actor; call compute_ref_log_prob")
-        logp, ent = self._log_probs(self.state.params, batch, self._temperature(batch.meta_info))
+        logp, ent = self._log_probs(self.state.params, batch, self._temperature(batch.meta_info),
+                                    self.batching["log_prob"])
         return Batch.from_dict({"old_log_probs": logp, "entropys": ent})
 
     @register(dispatch=Dispatch.MESH_DP)
@@ -331,18 +340,17 @@ class ActorRolloutRefWorker(Worker):
         self._require_model("compute_ref_log_prob")
         if not self.has_ref:
             raise RuntimeError(f"role {self.worker_role!r} holds no reference policy; use 'actor_rollout_ref' or 'ref'")
-        logp, _ = self._log_probs(self.ref_params, batch, self._temperature(batch.meta_info))
+        logp, _ = self._log_probs(self.ref_params, batch, self._temperature(batch.meta_info), self.batching["ref"])
         return Batch.from_dict({"ref_log_prob": logp})
 
     # ------------------------------------------------------------------------------ update
     def minibatch_plan(self, rows: int) -> MiniBatchPlan:
         """How this rank's ``rows`` split into mini-batches (optimizer steps) and micro-batches."""
         actor = self.config.actor
-        return MiniBatchPlan.build(rows, mini_batch_prompts=actor.ppo_mini_batch_size,
-                                   samples_per_prompt=self.config.rollout.n,
-                                   micro_per_device=actor.ppo_micro_batch_size_per_device,
-                                   dp_devices=self.dp_devices, dp_processes=self.dp_processes,
-                                   epochs=actor.ppo_epochs, shuffle=actor.shuffle, where="actor")
+        return self.batching["update"].minibatch_plan(
+            rows, mini_batch_prompts=actor.ppo_mini_batch_size, samples_per_prompt=self.config.rollout.n,
+            dp_devices=self.dp_devices, dp_processes=self.dp_processes, epochs=actor.ppo_epochs,
+            shuffle=actor.shuffle, where="actor")
 
     @register(dispatch=MESH_DP_MERGE)  # per-process wall-clock metrics (timing_s/weight_sync) differ: rank 0's
     def update_actor(self, batch: Batch) -> Batch:
@@ -368,11 +376,13 @@ class ActorRolloutRefWorker(Worker):
             self.state = self.offload.restore(self.state)
         seed = [self.config.rollout.seed, self.global_step, self.mesh_coords().dp_rank]
         collected = []
+        update = self.batching["update"]
         for micro in iterate_minibatches(arrays, plan, seed):
+            micro = update.update_micro_batches(micro, self.dp_devices // self.dp_processes)  # by tokens/packed
             placed = {k: to_global(v, self.mesh, self.dp_processes, micro_axis=True) for k, v in micro.items()}
             self.state, metrics = self._train_step(self.state, placed)
             collected.append(metrics)
-        metrics = mean_metrics(collected, prefix="actor/", last=("lr",))
+        metrics = {**mean_metrics(collected, prefix="actor/", last=("lr",)), **update.padding_metrics("actor/")}
         if self.layout is None:
             start = time.perf_counter()
             self.engine.set_params(self.state.params)  # vLLM: the in-place weight sync

@@ -18,13 +18,15 @@ from jaxrl_hf.config.schema import RunConfig
 from jaxrl_hf.controller import PAD_ROWS_KEY, Batch, Dispatch, Worker, register
 from jaxrl_hf.models import value_param_logical_axes, value_params_from_lm
 from jaxrl_hf.workers import checkpoint as ckpt
-from jaxrl_hf.workers.common import (LoadedModel, WorkerConfigError, check_sequence_parallel_heads, chunked_apply,
-                                     load_model, pad_sequences_to, param_shardings, to_global, train_parallel,
-                                     train_rule_set, worker_run_config)
+from jaxrl_hf.workers.common import (LoadedModel, WorkerConfigError, check_sequence_parallel_heads, load_model,
+                                     pad_sequences_to, param_shardings, to_global, train_parallel, train_rule_set,
+                                     worker_run_config)
 from jaxrl_hf.workers.losses import (CRITIC_SUMMED_METRICS, critic_loss, critic_loss_config, response_denominator,
                                      value_head_fn)
-from jaxrl_hf.workers.minibatch import MiniBatchPlan, iterate_minibatches, mean_metrics
+from jaxrl_hf.workers.minibatch import iterate_minibatches, mean_metrics
 from jaxrl_hf.workers.optim import make_optimizer
+from jaxrl_hf.workers.packed_forward import packed_value_fn
+from jaxrl_hf.workers.token_batches import critic_micro_batching, has_response_tokens
 from jaxrl_hf.workers.train_step import TrainState, init_train_state, make_train_step, train_state_shardings
 
 VALUE_INPUTS = ("input_ids", "attention_mask", "position_ids", "responses")
@@ -51,6 +53,7 @@ class CriticWorker(Worker):
         self.mesh = meshlib.build_train_mesh(self.train, meshlib.ordered_devices())
         self.model: LoadedModel | None = None
         self.state: TrainState | None = None
+        self.batching = critic_micro_batching(self.config)  # update / values: by rows, by tokens and/or packed
 
     @property
     def dp_processes(self) -> int:
@@ -83,12 +86,18 @@ class CriticWorker(Worker):
         state_shardings = train_state_shardings(params, shardings, optimizer, self.mesh)
         self.state = jax.jit(lambda p: init_train_state(p, optimizer), out_shardings=state_shardings)(params)
         self.value_fn = value_head_fn(config, self.mesh, self.rule_set.activations)
-        loss_fn = functools.partial(critic_loss, value_fn=self.value_fn, cfg=self.loss_cfg)
+        self.packed_value_fn = packed_value_fn(config, self.mesh, self.rule_set.activations)
+        update = self.batching["update"]
+        loss_fn = functools.partial(critic_loss, value_fn=self._forward_fn(update), cfg=self.loss_cfg)
         self._train_step = make_train_step(loss_fn, self.optim, optimizer=optimizer,
                                            denominator_fn=response_denominator(self.loss_cfg.loss_agg_mode),
-                                           summed_aux=CRITIC_SUMMED_METRICS, state_shardings=state_shardings)
+                                           summed_aux=CRITIC_SUMMED_METRICS, state_shardings=state_shardings,
+                                           live_fn=has_response_tokens if update.dynamic else None)
         self.global_step = 0
         return {"num_params": int(sum(np.prod(x.shape) for x in jax.tree.leaves(params))), "mesh": dict(self.mesh.shape)}
+
+    def _forward_fn(self, batching: Any) -> Any:
+        return self.packed_value_fn if batching.remove_padding else self.value_fn
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
     def set_step(self, step: int) -> None:
@@ -102,10 +111,10 @@ class CriticWorker(Worker):
         missing = [k for k in VALUE_INPUTS + ("response_mask",) if k not in batch]
         if missing:
             raise KeyError(f"compute_values: Batch lacks {missing}; columns: {batch.keys()}")
-        chunk = self.critic_cfg.ppo_micro_batch_size_per_device * int(self.mesh.shape["dp"]) // self.dp_processes
-        inputs = pad_sequences_to({k: batch[k] for k in VALUE_INPUTS}, self.train.sp)
-        (values,) = chunked_apply(functools.partial(_values_program, value_fn=self.value_fn), self.state.params,
-                                  inputs, chunk, self.mesh, self.dp_processes)
+        batching = self.batching["values"]  # by rows, by tokens (critic.forward_max_token_len_per_gpu), packed
+        program = functools.partial(_values_program, value_fn=self._forward_fn(batching))
+        inputs = pad_sequences_to({k: batch[k] for k in VALUE_INPUTS + ("response_mask",)}, self.train.sp)
+        (values,) = batching.apply(program, self.state.params, inputs, self.mesh, self.dp_processes)
         return Batch.from_dict({"values": (values * (np.asarray(batch["response_mask"]) != 0)).astype(np.float32)})
 
     @register(dispatch=Dispatch.MESH_DP)
@@ -124,18 +133,19 @@ class CriticWorker(Worker):
             arrays["response_mask"][len(batch) - pad:] = 0
         arrays = pad_sequences_to(arrays, self.train.sp)
         c = self.critic_cfg
-        plan = MiniBatchPlan.build(len(batch), mini_batch_prompts=c.ppo_mini_batch_size,
-                                   samples_per_prompt=self.config.rollout.n,
-                                   micro_per_device=c.ppo_micro_batch_size_per_device,
-                                   dp_devices=int(self.mesh.shape["dp"]), dp_processes=self.dp_processes,
-                                   epochs=c.ppo_epochs, shuffle=c.shuffle, where="critic")
+        update, dp_devices = self.batching["update"], int(self.mesh.shape["dp"])
+        plan = update.minibatch_plan(len(batch), mini_batch_prompts=c.ppo_mini_batch_size,
+                                     samples_per_prompt=self.config.rollout.n, dp_devices=dp_devices,
+                                     dp_processes=self.dp_processes, epochs=c.ppo_epochs, shuffle=c.shuffle,
+                                     where="critic")
         collected = []
         seed = [self.config.rollout.seed, self.global_step, self.mesh_coords().dp_rank, 1]
         for micro in iterate_minibatches(arrays, plan, seed):
+            micro = update.update_micro_batches(micro, dp_devices // self.dp_processes)  # by tokens and/or packed
             placed = {k: to_global(v, self.mesh, self.dp_processes, micro_axis=True) for k, v in micro.items()}
             self.state, metrics = self._train_step(self.state, placed)
             collected.append(metrics)
-        metrics = mean_metrics(collected, prefix="critic/", last=("lr",))
+        metrics = {**mean_metrics(collected, prefix="critic/", last=("lr",)), **update.padding_metrics("critic/")}
         metrics.pop("critic/loss", None)
         return Batch.from_dict({}, meta_info={"metrics": metrics})
 

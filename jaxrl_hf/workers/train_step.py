@@ -12,6 +12,9 @@
 * ``loss_fn(params, micro, denominators) -> (loss_share, aux)``; gradients and ``loss_share`` are summed
   over ``M`` with ``lax.scan`` (one micro-batch's activations live at a time); ``aux`` scalars named in
   ``summed_aux`` (other loss shares) are summed, the rest (ratios such as clip fractions) averaged.
+* ``live_fn(micro) -> bool`` (optional) marks the micro-batches that hold data: the others (empty micro-batches
+  padding the count to a static size, `jaxrl_hf.workers.packing`) are skipped with ``lax.cond`` (no forward or
+  backward pass; zero loss, gradient and aux) and left out of the averaged ``aux``.
 * The update: global-norm clipping + AdamW (``optim.make_optimizer``); a non-finite gradient norm skips the
   update (params, optimizer state and step count unchanged) and is reported as ``skipped = 1``.
 * ``state`` is donated: the old parameter and optimizer buffers are reused for the new ones.
@@ -55,13 +58,15 @@ def train_state_shardings(params: Any, param_shardings: Any, optimizer: optax.Gr
 
 
 def accumulate_gradients(loss_fn: LossFn, params: Any, micro_batches: Mapping[str, jax.Array],
-                         denominators: Any, summed_aux: tuple[str, ...] = (),
-                         grad_shardings: Any = None) -> tuple[jax.Array, Any, dict[str, jax.Array]]:
+                         denominators: Any, summed_aux: tuple[str, ...] = (), grad_shardings: Any = None,
+                         live_fn: Callable[[Mapping[str, jax.Array]], jax.Array] | None = None,
+                         ) -> tuple[jax.Array, Any, dict[str, jax.Array]]:
     """``(Σ loss shares, Σ grads, aux)`` over the leading micro-batch axis of ``micro_batches``; ``aux``
     entries named in ``summed_aux`` are summed, the others averaged over the micro-batches. ``grad_shardings``
     (the params' shardings) pins each micro-batch's gradients and their sum to the param layout, so under a
     layout sharded over ``dp`` (``fsdp``) the gradients are reduced straight into their shards (a reduce-scatter
-    where the backend forms one; XLA's CPU backend emits an all-reduce and keeps only the shard)."""
+    where the backend forms one; XLA's CPU backend emits an all-reduce and keeps only the shard). ``live_fn``:
+    see the module docstring."""
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
     first = jax.tree.map(lambda x: x[0], micro_batches)
     aux_shape = jax.eval_shape(lambda: loss_fn(params, first, denominators)[1])
@@ -70,15 +75,27 @@ def accumulate_gradients(loss_fn: LossFn, params: Any, micro_batches: Mapping[st
     zero_grads = pin(jax.tree.map(jnp.zeros_like, params))
     zero_aux = {k: jnp.zeros((), jnp.float32) for k in aux_shape}
 
-    def body(carry, micro):
-        loss_sum, grad_sum, aux_sum = carry
+    def grads_of(micro):
         (loss, aux), grads = grad_fn(params, micro, denominators)
-        grad_sum = pin(jax.tree.map(jnp.add, grad_sum, pin(grads)))
-        aux_sum = {k: aux_sum[k] + jnp.asarray(aux[k], jnp.float32) for k in aux_sum}
-        return (loss_sum + loss, grad_sum, aux_sum), None
+        return jnp.asarray(loss, jnp.float32), pin(grads), {k: jnp.asarray(aux[k], jnp.float32) for k in zero_aux}
 
-    (loss, grads, aux), _ = jax.lax.scan(body, (jnp.zeros((), jnp.float32), zero_grads, zero_aux), micro_batches)
-    count = jax.tree.leaves(micro_batches)[0].shape[0]
+    def body(carry, micro):
+        loss_sum, grad_sum, aux_sum, live_sum = carry
+        if live_fn is None:
+            live = jnp.ones((), jnp.float32)
+            loss, grads, aux = grads_of(micro)
+        else:
+            live = jnp.asarray(live_fn(micro), bool)
+            loss, grads, aux = jax.lax.cond(live, grads_of, lambda _: (jnp.zeros((), jnp.float32), zero_grads,
+                                                                      zero_aux), micro)
+            live = live.astype(jnp.float32)
+        grad_sum = pin(jax.tree.map(jnp.add, grad_sum, pin(grads)))
+        aux_sum = {k: aux_sum[k] + aux[k] for k in aux_sum}
+        return (loss_sum + loss, grad_sum, aux_sum, live_sum + live), None
+
+    start = (jnp.zeros((), jnp.float32), zero_grads, zero_aux, jnp.zeros((), jnp.float32))
+    (loss, grads, aux, count), _ = jax.lax.scan(body, start, micro_batches)
+    count = jnp.maximum(count, 1.0)
     return loss, grads, {k: v if k in summed_aux else v / count for k, v in aux.items()}
 
 
@@ -100,7 +117,8 @@ def apply_update(state: TrainState, grads: Any, optimizer: optax.GradientTransfo
 def make_train_step(loss_fn: LossFn, optim: OptimConfig, *, optimizer: optax.GradientTransformation,
                     denominator_fn: Callable[[Mapping[str, jax.Array]], Any] | None = None,
                     summed_aux: tuple[str, ...] = (), donate: bool = True,
-                    state_shardings: Any = None, jit: bool = True) -> Callable:
+                    state_shardings: Any = None, jit: bool = True,
+                    live_fn: Callable[[Mapping[str, jax.Array]], jax.Array] | None = None) -> Callable:
     """The jitted ``step(state, micro_batches) -> (state, metrics)`` described in the module docstring.
 
     ``metrics``: ``loss`` (exact mini-batch loss), ``grad_norm`` (before clipping), ``lr`` (used for this
@@ -111,7 +129,7 @@ def make_train_step(loss_fn: LossFn, optim: OptimConfig, *, optimizer: optax.Gra
         denominators = denominator_fn(micro_batches) if denominator_fn is not None else None
         grad_shardings = state_shardings.params if state_shardings is not None else None
         loss, grads, aux = accumulate_gradients(loss_fn, state.params, micro_batches, denominators, summed_aux,
-                                                grad_shardings)
+                                                grad_shardings, live_fn)
         new_state, update_metrics = apply_update(state, grads, optimizer, optim)
         return new_state, {"loss": loss, **update_metrics, **aux}
 
