@@ -215,7 +215,11 @@ def test_verl_dapo_32b_recipe_line_parses():
     ignored = dict(keys.ignored)
     assert "trainer.logger" in ignored and "actor_rollout_ref.rollout.val_kwargs.top_k" in ignored
     every = keys.applied + keys.mapped + keys.ignored + keys.not_modelled
-    added = {"placement.train.tp", "actor.ulysses_sequence_parallel_size", "ref.ulysses_sequence_parallel_size"}
+    # packing with Ulysses sp is refused by the loader: planned as padded rows of the same token budget
+    assert config.model.use_remove_padding is False and config.actor.use_dynamic_bsz is True
+    assert config.actor.ppo_max_token_len_per_gpu == 22528 and "model.use_remove_padding" in dict(keys.mapped)
+    added = {"placement.train.tp", "actor.ulysses_sequence_parallel_size", "ref.ulysses_sequence_parallel_size",
+             "model.use_remove_padding"}
     assert sum(1 for k, _ in every if k not in added) == len(args)  # every key as written accounted for once
 
 
@@ -229,3 +233,18 @@ def test_ulysses_sp_plans_sequence_sharded_programs(small_model):
     assert update["shapes"]["micro_rows"] == 4 and update["shapes"]["seq_len"] == 128
     assert update["float_collectives"]["all-to-all"] > 0  # Ulysses: heads <-> sequence around attention
     assert report["programs"]["log_prob"]["shapes"]["rows"] == 4
+
+
+@needs8
+def test_packed_token_budget_micro_batches(small_model):
+    keys = [*BATCH, "actor_rollout_ref.model.use_remove_padding=True", "actor_rollout_ref.actor.use_dynamic_bsz=True",
+            "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=256"]
+    report = plan_memory(small_model, 8, keys)
+    update, log_prob = report["programs"]["update_actor"]["shapes"], report["programs"]["log_prob"]["shapes"]
+    # 128-token rows: 2 per device in a 256-token packed sequence; 16 rows of a mini-batch / (8 devices · 2) = 1
+    assert (update["rows_per_device"], update["packed_length"], update["num_micro"]) == (2, 256, 1)
+    assert {"pack_input_ids", "pack_segment_ids", "pack_position_ids", "pack_gather"} <= set(update["columns"])
+    assert "input_ids" not in update["columns"] and update["by_tokens"] is True
+    # the log-prob pass inherits the budget (rollout.log_prob_* default to the actor's) and is packed too
+    assert log_prob["packed_length"] == 256 and "pack_gather" in log_prob["columns"]
+    assert not report["keys"]["not_modelled"]

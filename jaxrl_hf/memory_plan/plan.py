@@ -22,7 +22,7 @@ import numpy as np
 
 from jaxrl_hf import mesh as meshlib
 from jaxrl_hf.config import load_config
-from jaxrl_hf.config.build import ConfigError
+from jaxrl_hf.config.build import ConfigError, coerce
 from jaxrl_hf.config.memory_budget import DEFAULT_VLLM_GPU_SHARE, memory_budget
 from jaxrl_hf.config.schema import RunConfig
 from jaxrl_hf.memory_plan import programs as P
@@ -81,36 +81,48 @@ def _check_generation_layout(config: RunConfig) -> None:
     generation_parallel(config.placement, train, rule_set=train_rule_set(config, "actor", train))
 
 
-def _raised_train_tp(keys: PlanKeys) -> list[str]:
-    """verl's rollout TP is free of the training layout; this framework's generation layout is not (the
-    3D-HybridEngine generates with ``tp_g | tp``). For a ``placement.generate.tp`` (verl's
-    ``rollout.tensor_model_parallel_size``) that does not divide ``placement.train.tp``: the overrides raising the
-    training tp to it (ZeRO-3's ``fsdp`` then resolves to ``fsdp_tp``: params still sharded over every device)
-    and dividing a Ulysses size by the same factor, so each sequence still spans ``tp·sp`` devices (the attention
-    heads split over ``tp·sp``); none when that is not possible (the loader's or worker's own error stands)."""
+def _runnable_layout(keys: PlanKeys) -> list[tuple[str, str]]:
+    """The overrides, each with why, that turn a verl layout this framework rejects into the nearest one it runs
+    (applied only after the loader or the worker rejected the layout as given; none when no such fix applies):
+
+    * a rollout TP (``placement.generate.tp``, verl's ``rollout.tensor_model_parallel_size``) that does not divide
+      ``placement.train.tp``: verl's rollout TP is free of the training layout, the 3D-HybridEngine generates
+      with ``tp_g | tp``. The training tp is raised to it (ZeRO-3's ``fsdp`` resolves to ``fsdp_tp``: params still
+      over every device) and each Ulysses size divided by the same factor, so a sequence still spans ``tp·sp``
+      devices (the attention heads split over ``tp·sp``);
+    * packed rows (``model.use_remove_padding``) with Ulysses ``sp > 1``, not supported together yet: packing off;
+      with ``actor.use_dynamic_bsz`` the micro-batches keep their token budget as padded rows (the same tokens per
+      device for full-length rows)."""
     def number(key: str, default: str) -> int | None:
         try:
             return int(keys.raw_value(key) or default)
         except ValueError:
             return None
 
+    out: list[tuple[str, str]] = []
+    sp = {k: number(k, "1") for k in ("actor.ulysses_sequence_parallel_size", "ref.ulysses_sequence_parallel_size")
+          if keys.raw_value(k) is not None}
     g, t = number("placement.generate.tp", "0"), number("placement.train.tp", "1")
-    if not g or not t or g % t:
-        return []
-    out, factor = [f"placement.train.tp={g}"], g // t
-    for key in ("actor.ulysses_sequence_parallel_size", "ref.ulysses_sequence_parallel_size"):
-        sp = number(key, "1")
-        if keys.raw_value(key) is not None and sp and sp > 1:
-            if sp % factor:
-                return []
-            out.append(f"{key}={sp // factor}")
+    if g and t and t % g and g % t == 0:
+        factor = g // t
+        if any(v is None or v % factor for v in sp.values() if v != 1):
+            return []
+        out.append((f"placement.train.tp={g}", f"{g} (was {t}: the generation tp must divide the training tp)"))
+        for key, v in sp.items():
+            if v > 1:
+                sp[key] = v // factor
+                out.append((f"{key}={v // factor}", f"{v // factor} (was {v}: tp·sp devices per sequence kept)"))
+    packing = keys.raw_value("model.use_remove_padding")
+    if packing is not None and coerce(packing, bool, "model.use_remove_padding") and any(v > 1 for v in sp.values()):
+        out.append(("model.use_remove_padding=false", "false (packed rows with Ulysses sp are not supported yet: "
+                                                      "planned as padded rows of the same token budget)"))
     return out
 
 
 def load_plan_config(args: Sequence[str], devices: int, algo: str = "dapo") -> tuple[RunConfig, PlanKeys]:
     """The run config the worker would get from verl's ``args`` on ``devices`` devices, and the sorted keys. Only
-    when the loader or the worker rejects the generation tp is the training layout changed for it
-    (`_raised_train_tp`, noted among the mapped keys), so a layout the framework accepts is planned as given."""
+    when the loader or the worker rejects the layout as given is it changed (`_runnable_layout`, noted among the
+    mapped keys), so a layout the framework accepts is planned as written."""
     keys = classify_keys(list(args))
     overrides = [*PLAN_DEFAULTS, *_cluster_overrides(keys, devices), *keys.overrides]
     try:
@@ -119,18 +131,14 @@ def load_plan_config(args: Sequence[str], devices: int, algo: str = "dapo") -> t
             _check_generation_layout(config)
             return config, keys
         except (ConfigError, WorkerConfigError):
-            extra = _raised_train_tp(keys)
-            if not extra:
+            fixes = _runnable_layout(keys)
+            if not fixes:
                 raise
-        config = load_config(algo, overrides=overrides + extra)
+        config = load_config(algo, overrides=overrides + [text for text, _ in fixes])
         _check_generation_layout(config)
     except ConfigError as err:
         raise ValueError(str(err)) from None
-    for text in extra:
-        key, value = text.split("=")
-        old = keys.raw_value(key) or "1"
-        keys.mapped.append((key, f"{value} (was {old}: the generation tp must divide the training tp"
-                                 + ("; tp·sp devices per sequence kept)" if "ulysses" in key else ")")))
+    keys.mapped += [(text.split("=")[0], why) for text, why in fixes]
     return config, keys
 
 

@@ -4,10 +4,11 @@ Every argument is a ``jax.ShapeDtypeStruct`` carrying its ``NamedSharding``: not
 allocated, so a 70B plan compiles on a laptop. The programs are the worker's own (one code path):
 
 * ``update_actor``: `jaxrl_hf.workers.actor_programs.build_actor_update`'s step (the actor loss, micro-batch
-  gradient accumulation by ``lax.scan``, clipping + AdamW) on one mini-batch of ``[num_micro, micro_rows, T]``
-  columns, the train state laid out by the actor's rule set (``actor.strategy``), donated as in the worker.
-* ``log_prob``: `jaxrl_hf.workers.actor_programs.log_probs_program` on one log-prob micro-batch
-  (``actor.log_prob_micro_batch_size_per_device`` rows per dp shard).
+  gradient accumulation by ``lax.scan``, clipping + AdamW) on one mini-batch of ``num_micro`` micro-batches
+  shaped as the worker forms them (padded rows, token budget and/or packed: `jaxrl_hf.memory_plan.micro_batches`),
+  the train state laid out by the actor's rule set (``actor.strategy``), donated as in the worker.
+* ``log_prob``: `jaxrl_hf.workers.actor_programs.log_probs_program` on one log-prob micro-batch (the
+  ``rollout.log_prob_*`` pass), with the packed or padded forward the worker picks.
 * ``generate``: one decode step of the native engine (`jaxrl_hf.rollout.jax_engine.decode_step`) on the
   generation layout (`jaxrl_hf.workers.generation_layout`; the training mesh when the layouts are equal), with a
   KV cache of ``max_prompt_length + response_length`` slots for the decode batch (`decode_batch`), the cache
@@ -31,6 +32,7 @@ from jax.sharding import NamedSharding
 
 from jaxrl_hf import mesh as meshlib
 from jaxrl_hf.config.schema import RunConfig
+from jaxrl_hf.memory_plan.micro_batches import PassShapes, pass_shapes, update_micro_count
 from jaxrl_hf.mesh.rules import logical_to_spec
 from jaxrl_hf.models import DecoderConfig, init_kv_cache, make_module, param_logical_axes, param_shapes
 from jaxrl_hf.models.llama import KV_CACHE_LOGICAL_AXES
@@ -41,9 +43,9 @@ from jaxrl_hf.workers.common import (check_sequence_parallel_heads, lm_param_sha
 from jaxrl_hf.workers.generation_layout import GenerationLayout, generation_parallel
 from jaxrl_hf.workers.losses import lm_log_prob_fn
 from jaxrl_hf.workers.minibatch import MiniBatchPlan
+from jaxrl_hf.workers.packed_forward import packed_log_prob_fn
+from jaxrl_hf.workers.token_batches import MicroBatching, actor_micro_batching, has_response_tokens
 
-INT_COLUMNS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")
-FULL_WIDTH_COLUMNS = ("input_ids", "attention_mask", "position_ids")  # [.., T]; every other column is [.., R]
 
 
 def abstract(shapes: Any, shardings: Any) -> Any:
@@ -124,54 +126,68 @@ def _compile(lowerable: Any, *args: Any, **kwargs: Any) -> tuple[Any, float]:
     return compiled, time.perf_counter() - start
 
 
-def _columns(keys: tuple[str, ...], lead: tuple[int, ...], full_width: int, response_len: int,
-             sharding: NamedSharding) -> dict[str, jax.ShapeDtypeStruct]:
+def _abstract_columns(columns: dict, lead: tuple[int, ...], devices: int, rows: int,
+                      mesh: jax.sharding.Mesh) -> dict[str, jax.ShapeDtypeStruct]:
+    """Abstract micro-batch columns ``lead + (D or D·r) + trailing``, rows over ``dp`` (`rows_sharding`)."""
     out = {}
-    for key in keys:
-        width = full_width if key in FULL_WIDTH_COLUMNS else response_len
-        dtype = jnp.int32 if key in INT_COLUMNS else jnp.float32
-        out[key] = jax.ShapeDtypeStruct((*lead, width), dtype, sharding=sharding)
+    for key, (trailing, dtype, per_device) in columns.items():
+        shape = (*lead, devices if per_device else devices * rows, *trailing)
+        out[key] = jax.ShapeDtypeStruct(shape, jnp.dtype(dtype),
+                                        sharding=rows_sharding(mesh, len(shape), micro_axis=bool(lead)))
     return out
+
+
+def _forward_fn(layout: ActorLayout, batching: MicroBatching) -> Any:
+    """The pass's policy forward, as the worker picks it: packed or padded."""
+    make = packed_log_prob_fn if batching.remove_padding else lm_log_prob_fn
+    return make(layout.model, layout.mesh, layout.rule_set.activations)
+
+
+def _shapes_report(shapes: PassShapes, batching: MicroBatching, columns: dict) -> dict[str, Any]:
+    return {"rows_per_device": shapes.rows_per_device, "seq_len": shapes.width, "packed_length": shapes.packed_length,
+            "by_tokens": batching.dynamic, "columns": sorted(columns)}
 
 
 def update_actor_program(layout: ActorLayout) -> CompiledProgram:
     """The worker's ``update_actor`` step for one mini-batch (module docstring)."""
-    config, mesh = layout.config, layout.mesh
-    log_prob_fn = lm_log_prob_fn(layout.model, mesh, layout.rule_set.activations)
-    update = build_actor_update(config.actor, config.rollout.temperature, log_prob_fn, layout.shapes,
-                                layout.shardings, mesh)
+    config, mesh, devices = layout.config, layout.mesh, layout.dp_devices
+    batching = actor_micro_batching(config)["update"]
+    update = build_actor_update(config.actor, config.rollout.temperature, _forward_fn(layout, batching),
+                                layout.shapes, layout.shardings, mesh,
+                                live_fn=has_response_tokens if batching.dynamic else None)
     opt_shapes = jax.eval_shape(update.optimizer.init, layout.shapes)
     opt_state = abstract(opt_shapes, update.state_shardings.opt_state)
     step = jax.ShapeDtypeStruct((), jnp.int32, sharding=update.state_shardings.step)
     state = type(update.state_shardings)(layout.params, opt_state, step)
-    actor, dp = config.actor, layout.dp_devices
+    actor = config.actor
     mini_rows = actor.ppo_mini_batch_size * config.rollout.n
-    plan = MiniBatchPlan.build(mini_rows, mini_batch_prompts=actor.ppo_mini_batch_size,
-                               samples_per_prompt=config.rollout.n,
-                               micro_per_device=actor.ppo_micro_batch_size_per_device, dp_devices=dp,
-                               dp_processes=1, where="actor")
-    response_len = layout.seq_lengths[1]
-    micro = _columns(update.loss_cfg.required_keys(), (plan.num_micro, plan.micro_rows), layout.train_width,
-                     response_len, rows_sharding(mesh, 3, micro_axis=True))
+    shapes = pass_shapes(batching, layout.train_width)
+    by_rows = 1 if batching.dynamic else MiniBatchPlan.build(
+        mini_rows, mini_batch_prompts=actor.ppo_mini_batch_size, samples_per_prompt=config.rollout.n,
+        micro_per_device=shapes.rows_per_device, dp_devices=devices, dp_processes=1, where="actor").num_micro
+    count = update_micro_count(batching, shapes, mini_rows, devices, by_rows)
+    columns = shapes.columns(update.loss_cfg.required_keys(), layout.seq_lengths[1])
+    micro = _abstract_columns(columns, (count,), devices, shapes.rows_per_device, mesh)
     compiled, seconds = _compile(update.step, state, micro)
-    shapes = {"num_micro": plan.num_micro, "micro_rows": plan.micro_rows,
-              "micro_rows_per_device": actor.ppo_micro_batch_size_per_device, "seq_len": layout.train_width,
-              "columns": sorted(micro)}
-    return CompiledProgram("update_actor", compiled, shapes, tree_bytes_per_device(layout.params),
+    report = {"num_micro": count, "micro_rows": devices * shapes.rows_per_device,
+              **_shapes_report(shapes, batching, columns)}
+    return CompiledProgram("update_actor", compiled, report, tree_bytes_per_device(layout.params),
                            tree_bytes_per_device(opt_state), seconds)
 
 
 def log_prob_program(layout: ActorLayout) -> CompiledProgram:
     """The worker's ``compute_log_prob`` program for one log-prob micro-batch (module docstring)."""
-    config, mesh = layout.config, layout.mesh
-    log_prob_fn = lm_log_prob_fn(layout.model, mesh, layout.rule_set.activations)
-    rows = config.actor.log_prob_micro_batch_size_per_device * layout.dp_devices
-    micro = _columns(LOG_PROB_INPUTS, (rows,), layout.train_width, layout.seq_lengths[1], rows_sharding(mesh, 2))
+    config, mesh, devices = layout.config, layout.mesh, layout.dp_devices
+    batching = actor_micro_batching(config)["log_prob"]
+    shapes = pass_shapes(batching, layout.train_width)
+    keys = (*LOG_PROB_INPUTS, "response_mask") if batching.active else LOG_PROB_INPUTS
+    columns = shapes.columns(keys, layout.seq_lengths[1])
+    micro = _abstract_columns(columns, (), devices, shapes.rows_per_device, mesh)
     temperature = jax.ShapeDtypeStruct((), jnp.float32)
-    compiled, seconds = _compile(log_probs_program, layout.params, micro, temperature, log_prob_fn=log_prob_fn)
-    shapes = {"rows": rows, "rows_per_device": config.actor.log_prob_micro_batch_size_per_device,
-              "seq_len": layout.train_width}
-    return CompiledProgram("log_prob", compiled, shapes, tree_bytes_per_device(layout.params), 0, seconds)
+    compiled, seconds = _compile(log_probs_program, layout.params, micro, temperature,
+                                 log_prob_fn=_forward_fn(layout, batching))
+    report = {"rows": devices * shapes.rows_per_device, **_shapes_report(shapes, batching, columns)}
+    return CompiledProgram("log_prob", compiled, report, tree_bytes_per_device(layout.params), 0, seconds)
 
 
 @dataclasses.dataclass(frozen=True)

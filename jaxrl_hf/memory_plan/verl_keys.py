@@ -75,13 +75,9 @@ IGNORED_VERL_KEYS: dict[str, str] = {
 
 # verl keys (canonical) that change memory but are not modelled yet (until the schema learns them)
 NOT_MODELLED: dict[str, str] = {
-    "model.use_remove_padding": "packed (padding-free) micro-batches",
-    "actor.use_dynamic_bsz": "token-budget micro-batches",
-    "actor.ppo_max_token_len_per_gpu": "token-budget micro-batches",
-    "rollout.log_prob_use_dynamic_bsz": "token-budget log-prob micro-batches",
-    "rollout.log_prob_max_token_len_per_gpu": "token-budget log-prob micro-batches",
-    "ref.log_prob_use_dynamic_bsz": "token-budget reference micro-batches",
-    "ref.log_prob_max_token_len_per_gpu": "token-budget reference micro-batches",
+    "actor.fsdp_config.model_dtype": "FSDP parameter dtype (this framework keeps float32 master params)",
+    "model.lora_rank": "LoRA adapters (the plan is of full fine-tuning)",
+    "model.lora_alpha": "LoRA adapters (the plan is of full fine-tuning)",
 }
 
 
