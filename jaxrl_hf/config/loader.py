@@ -78,6 +78,28 @@ def _check_path(parts: Sequence[str], source: str) -> bool:
     return False
 
 
+def is_known_key(key: str) -> bool:
+    """Whether the dotted ``key`` (verl aliases allowed) names a field of the schema (or a key inside a free-form
+    mapping field)."""
+    try:
+        _check_path(tuple(canonical_key(key).split(".")), "key")
+    except ConfigError:
+        return False
+    return True
+
+
+def schema_keys(cls: Any = RunConfig, prefix: str = "") -> list[str]:
+    """Every dotted leaf key of the schema (sections expanded, free-form mappings as their own key)."""
+    out: list[str] = []
+    for name, tp in field_types(cls).items():
+        section = _section_type(tp)
+        if dataclasses.is_dataclass(section):
+            out += schema_keys(section, f"{prefix}{name}.")
+        else:
+            out.append(f"{prefix}{name}")
+    return out
+
+
 def merge_layer(base: dict[str, Any], layer: dict[str, Any], source: str, prefix: tuple[str, ...] = ()) -> None:
     """Deep-merge ``layer`` into ``base`` in place, checking every key against the schema."""
     if not isinstance(layer, dict):

@@ -66,6 +66,11 @@ def param_shardings(config: DecoderConfig, mesh: jax.sharding.Mesh, rules: Any) 
     return logical_to_shardings(param_logical_axes(config), mesh, rules, shapes=_param_shapes(config))
 
 
+def param_shapes(config: DecoderConfig) -> Any:
+    """``jax.ShapeDtypeStruct`` tree matching ``init_params(config)`` (shapes and dtypes only, nothing allocated)."""
+    return _param_shapes(config)
+
+
 @functools.lru_cache(maxsize=16)
 def _param_shapes(config: DecoderConfig) -> Any:
     return jax.eval_shape(lambda: nn.unbox(_init_boxed(config, jax.random.key(0))))

@@ -37,34 +37,46 @@ from jaxrl_hf.rollout.sampling import sample_tokens
 DEFAULT_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 
+def _constrain(module: CausalLM, x: jnp.ndarray, names: tuple) -> jnp.ndarray:
+    """``x`` constrained to the logical axes ``names`` on the module's mesh (no-op without mesh and rules)."""
+    if module.mesh is None or module.rules is None:
+        return x
+    spec = logical_to_spec(names, module.rules)
+    return jax.lax.with_sharding_constraint(x, jax.sharding.NamedSharding(module.mesh, spec))
+
+
+def _store_kv(module: CausalLM, cache: dict, new_kv: dict, index: Any) -> dict:
+    """Write a step's new keys/values into the cache at slot ``index`` (one update per tensor, in place on a
+    loop-carried or donated cache; the layer scan itself only reads the cache)."""
+    return jax.tree.map(lambda c: _constrain(module, c, KV_CACHE_LOGICAL_AXES), write_kv_cache(cache, new_kv, index))
+
+
+def decode_step(params: Any, cache: dict, full_mask: jnp.ndarray, tokens: jnp.ndarray, positions: jnp.ndarray,
+                index: Any, *, module: CausalLM) -> tuple[jnp.ndarray, dict]:
+    """One decode step: ``tokens [B]`` at ``positions [B]`` go into cache slot ``index``; returns the next-token
+    logits ``[B, vocab]`` (float32) and the updated cache. ``full_mask [B, S]`` marks the valid cache slots
+    (prompt mask, then ones for the generated slots). The body of the engine's decode loop."""
+    variables = {"params": params}
+    hidden, new_kv = module.apply(variables, tokens[:, None], positions[:, None], full_mask, cache, index,
+                                  method=CausalLM.hidden_states_and_new_kv)
+    cache = _store_kv(module, cache, new_kv, index)
+    return module.apply(variables, hidden, method=CausalLM.logits_from_hidden)[:, 0], cache
+
+
 def _generate_program(params: Any, prompt_ids: jnp.ndarray, prompt_mask: jnp.ndarray, row_valid: jnp.ndarray,
                       row_keys: jax.Array, temperature: jnp.ndarray, top_p: jnp.ndarray, *, module: CausalLM,
                       config: DecoderConfig, max_new: int, top_k: int, use_top_p: bool, greedy: bool,
                       logprobs_mode: str, stop_ids: tuple[int, ...], pad_id: int, cache_dtype: str) -> tuple:
     """Prefill + decode loop (pure; jitted by the engine). Returns (tokens, mask, logprobs, stopped)."""
     batch, prompt_len = prompt_ids.shape
-    mesh, rules = module.mesh, module.rules
-
-    def constrain(x: jnp.ndarray, names: tuple) -> jnp.ndarray:
-        if mesh is None or rules is None:
-            return x
-        spec = logical_to_spec(names, rules)
-        return jax.lax.with_sharding_constraint(x, jax.sharding.NamedSharding(mesh, spec))
-
     cache = init_kv_cache(config, batch, prompt_len + max_new, cache_dtype)
-    cache = jax.tree.map(lambda c: constrain(c, KV_CACHE_LOGICAL_AXES), cache)
+    cache = jax.tree.map(lambda c: _constrain(module, c, KV_CACHE_LOGICAL_AXES), cache)
     full_mask = jnp.concatenate([prompt_mask.astype(jnp.int32), jnp.ones((batch, max_new), jnp.int32)], axis=1)
     positions = default_positions(prompt_mask)
     variables = {"params": params}
-
-    def store(cache: dict, new_kv: dict, index: Any) -> dict:
-        # the layer scan only reads the cache; the new keys/values go in with one update per step,
-        # in place on the while-loop carry (never a per-layer copy of the whole cache)
-        return jax.tree.map(lambda c: constrain(c, KV_CACHE_LOGICAL_AXES), write_kv_cache(cache, new_kv, index))
-
     hidden, new_kv = module.apply(variables, prompt_ids, positions, full_mask, cache, 0,
                                   method=CausalLM.hidden_states_and_new_kv)
-    cache = store(cache, new_kv, 0)
+    cache = _store_kv(module, cache, new_kv, 0)
     logits = module.apply(variables, hidden[:, -1:], method=CausalLM.logits_from_hidden)[:, 0]
     sample = partial(sample_tokens, temperature=temperature, top_k=top_k, top_p=top_p, use_top_p=use_top_p,
                      greedy=greedy, logprobs_mode=logprobs_mode)
@@ -89,10 +101,8 @@ def _generate_program(params: Any, prompt_ids: jnp.ndarray, prompt_mask: jnp.nda
         out_mask = s["out_mask"].at[:, step].set(emit.astype(jnp.int32))
         out_logp = s["out_logp"].at[:, step].set(jnp.where(emit, s["logp"], 0.0))
         feed = jnp.where(emit, token, pad_id)
-        h, new_kv = module.apply(variables, feed[:, None], s["pos"][:, None], full_mask, s["cache"],
-                                 prompt_len + step, method=CausalLM.hidden_states_and_new_kv)
-        new_cache = store(s["cache"], new_kv, prompt_len + step)
-        next_logits = module.apply(variables, h, method=CausalLM.logits_from_hidden)[:, 0]
+        next_logits, new_cache = decode_step(params, s["cache"], full_mask, feed, s["pos"], prompt_len + step,
+                                             module=module)
         next_token, next_logp = sample(step_keys(step + 1), next_logits)
         return dict(step=step + 1, token=next_token, logp=next_logp, done=s["done"] | hit_stop, pos=s["pos"] + 1,
                     cache=new_cache, out_tokens=out_tokens, out_mask=out_mask, out_logp=out_logp,

@@ -50,28 +50,21 @@ from jaxrl_hf.models import param_logical_axes, save_hf_dir
 from jaxrl_hf.rollout import ENGINE_NAMES, JaxGenerationEngine, RolloutEngine, SamplingParams, make_rollout_engine
 from jaxrl_hf.rollout.loops import RolloutRequest, make_rollout_loop
 from jaxrl_hf.workers import checkpoint as ckpt
+from jaxrl_hf.workers.actor_programs import LOG_PROB_INPUTS, build_actor_update, log_probs_program
 from jaxrl_hf.workers.common import (LoadedModel, WorkerConfigError, check_sequence_parallel_heads,
                                      copy_tokenizer_files, lm_param_shardings, load_model, pad_sequences_to,
                                      reference_params, to_global, train_parallel, train_rule_set, worker_run_config)
 from jaxrl_hf.workers.generation_layout import GenerationLayout, generation_parallel
-from jaxrl_hf.workers.losses import (ACTOR_SUMMED_METRICS, actor_loss, actor_loss_config, lm_log_prob_fn,
-                                     response_denominator)
+from jaxrl_hf.workers.losses import lm_log_prob_fn
 from jaxrl_hf.workers.minibatch import MiniBatchPlan, iterate_minibatches, mean_metrics
 from jaxrl_hf.workers.offload import OptimizerOffload
-from jaxrl_hf.workers.optim import make_optimizer, update_schedule_step
+from jaxrl_hf.workers.optim import update_schedule_step
 from jaxrl_hf.workers.packed_forward import packed_log_prob_fn
 from jaxrl_hf.workers.protocols import MESH_DP_MERGE
 from jaxrl_hf.workers.token_batches import MicroBatching, actor_micro_batching, has_response_tokens
-from jaxrl_hf.workers.train_step import TrainState, init_train_state, make_train_step, train_state_shardings
+from jaxrl_hf.workers.train_step import TrainState, init_train_state
 
 ROLES = ("actor_rollout_ref", "actor_rollout", "ref")
-LOG_PROB_INPUTS = ("input_ids", "attention_mask", "position_ids", "responses")
-
-
-@functools.partial(jax.jit, static_argnames=("log_prob_fn",))
-def _log_probs_program(params: Any, micro: Mapping[str, jax.Array], temperature: jax.Array, *,
-                       log_prob_fn: Any) -> tuple[jax.Array, jax.Array]:
-    return log_prob_fn(params, micro, temperature)
 
 
 class ActorRolloutRefWorker(Worker):
@@ -146,21 +139,13 @@ class ActorRolloutRefWorker(Worker):
         if self.has_ref:
             self.ref_params = reference_params(params, config.dtype)
         if self.has_actor:
-            actor = self.config.actor
-            try:
-                self.loss_cfg = actor_loss_config(actor, self.config.rollout.temperature)
-            except ValueError as err:
-                raise WorkerConfigError(f"actor config: {err}") from None
-            self.optim = actor.optim
-            optimizer = make_optimizer(self.optim, actor.grad_clip, where="actor.optim")
-            state_shardings = train_state_shardings(params, shardings, optimizer, self.mesh)
-            self.state = jax.jit(lambda p: init_train_state(p, optimizer), out_shardings=state_shardings)(params)
             update = self.batching["update"]
-            loss_fn = functools.partial(actor_loss, log_prob_fn=self._forward_fn(update), cfg=self.loss_cfg)
-            self._train_step = make_train_step(loss_fn, self.optim, optimizer=optimizer,
-                                               denominator_fn=response_denominator(self.loss_cfg.loss_agg_mode),
-                                               summed_aux=ACTOR_SUMMED_METRICS, state_shardings=state_shardings,
-                                               live_fn=has_response_tokens if update.dynamic else None)
+            program = build_actor_update(self.config.actor, self.config.rollout.temperature,
+                                         self._forward_fn(update), params, shardings, self.mesh,
+                                         live_fn=has_response_tokens if update.dynamic else None)
+            self.loss_cfg, self.optim, self._train_step = program.loss_cfg, program.optim, program.step
+            self.state = jax.jit(lambda p: init_train_state(p, program.optimizer),
+                                 out_shardings=program.state_shardings)(params)
             self.engine = self._build_engine()
             if self.offload is not None:
                 self.state = self.offload.offload(self.state)
@@ -328,7 +313,7 @@ class ActorRolloutRefWorker(Worker):
         for key in LOG_PROB_INPUTS:
             if key not in batch:
                 raise KeyError(f"log-prob computation: Batch has no {key!r}; columns: {batch.keys()}")
-        program = functools.partial(_log_probs_program, log_prob_fn=self._forward_fn(batching))
+        program = functools.partial(log_probs_program, log_prob_fn=self._forward_fn(batching))
         arrays = pad_sequences_to({k: batch[k] for k in (*LOG_PROB_INPUTS, "response_mask") if k in batch},
                                   self.train.sp)
         logp, ent = batching.apply(program, params, arrays, self.mesh, self.dp_processes, jnp.float32(temperature))

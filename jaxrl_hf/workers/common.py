@@ -116,11 +116,13 @@ def load_model(model: ModelConfig, where: str = "model") -> LoadedModel:
 
 # ------------------------------------------------------------------------------------------ mesh
 def train_parallel(placement: PlacementConfig, where: str = "placement", sp: int = 1,
-                   sp_key: str = "actor.ulysses_sequence_parallel_size") -> meshlib.TrainParallel:
+                   sp_key: str = "actor.ulysses_sequence_parallel_size",
+                   devices: int | None = None) -> meshlib.TrainParallel:
     """``placement.train.{pp,tp,dp}`` and the role's Ulysses size ``sp`` (config key ``sp_key``), which must
-    divide ``dp``; pp·tp·dp must cover every device of the worker's JAX program."""
+    divide ``dp``; pp·tp·dp must cover every device of the worker's JAX program (``devices``; default all of
+    JAX's, as in a worker)."""
     pp, tp, dp = placement.train.pp, placement.train.tp, placement.train.dp
-    devices = jax.device_count()
+    devices = jax.device_count() if devices is None else devices
     if devices % (pp * tp):
         raise WorkerConfigError(f"{where}.train: pp·tp = {pp}·{tp} does not divide the {devices} devices")
     if pp * tp * dp != devices:
@@ -197,11 +199,20 @@ def reference_params(params: Any, dtype: str) -> Any:
                                              tree))(params)
 
 
+def abstract_like(x: Any) -> jax.ShapeDtypeStruct:
+    """Shape and dtype of an array, a ``jax.ShapeDtypeStruct`` or anything ``jnp.asarray`` takes."""
+    if hasattr(x, "shape") and hasattr(x, "dtype"):
+        return jax.ShapeDtypeStruct(tuple(x.shape), x.dtype)
+    x = jnp.asarray(x)
+    return jax.ShapeDtypeStruct(x.shape, x.dtype)
+
+
 def param_shardings(params: Any, logical_axes: Any, train_mesh: jax.sharding.Mesh,
                     gen: meshlib.GenParallel | None = None, rule_set: meshlib.RuleSet = meshlib.MEGATRON) -> Any:
-    """``NamedSharding`` tree for ``params`` on the training mesh: ``rule_set``'s param rules ordered for the
-    train -> ``gen`` transition, through the mesh/ resolver (divisibility checked)."""
-    shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), jnp.asarray(x).dtype), params)
+    """``NamedSharding`` tree for ``params`` (arrays or ``jax.ShapeDtypeStruct``s) on the training mesh:
+    ``rule_set``'s param rules ordered for the train -> ``gen`` transition, through the mesh/ resolver
+    (divisibility checked)."""
+    shapes = jax.tree.map(abstract_like, params)
     return meshlib.logical_to_shardings(logical_axes, train_mesh, rule_set.for_transition(gen).params, shapes=shapes)
 
 
