@@ -15,7 +15,7 @@ from _models_helpers import TINY_WORKER_MODEL, random_prompts, tiny_worker_confi
 from jaxrl_hf.controller import Batch
 from jaxrl_hf.controller.worker import WorkerContext
 from jaxrl_hf.workers import ActorRolloutRefWorker, CriticWorker
-from jaxrl_hf.workers.actor import _log_probs_program
+from jaxrl_hf.workers.actor_programs import log_probs_program
 from jaxrl_hf.workers.common import WorkerConfigError
 
 pytestmark = pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 devices: set "
@@ -93,7 +93,7 @@ def test_packed_program_runs_on_dp_by_budget(rollout):
 
     def recording(params, micro, temperature):  # the real program, its input shapes noted
         shapes.append({k: v.shape for k, v in micro.items()})
-        return _log_probs_program(params, micro, temperature, log_prob_fn=worker.packed_log_prob_fn)
+        return log_probs_program(params, micro, temperature, log_prob_fn=worker.packed_log_prob_fn)
 
     arrays = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")}
     logp, _ = worker.batching["log_prob"].apply(recording, worker.state.params, arrays, worker.mesh, 1, np.float32(1))
