@@ -266,13 +266,3 @@ def test_configs_name_only_test_files_that_exist():
         named.update(re.findall(r"tests/[\w/]+\.py", open(path).read()))
     missing = sorted(p for p in named if not os.path.isfile(os.path.join(REPO, p)))
     assert not missing, f"configs name test files that do not exist: {missing}"
-
-
-def test_default_dapo_run_takes_several_clipped_updates_per_step():
-    """Several mini-batches per rollout step, so updates after the first are off-policy and the decoupled
-    clip range (clip-higher) acts; the lr at most the paper's order of magnitude."""
-    config = load_config("dapo")
-    a = config.actor
-    assert config.data.train_batch_size // a.ppo_mini_batch_size >= 2
-    assert a.clip_ratio_high > a.clip_ratio_low and a.loss_agg_mode == "token-mean"
-    assert a.optim.lr <= 5e-6
