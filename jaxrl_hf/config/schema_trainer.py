@@ -1,0 +1,55 @@
+"""The ``trainer`` section: steps, validation, checkpoints, logging, cluster shape."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Optional
+
+
+@dataclass
+class TrainerConfig:
+    """The loop: steps, validation, checkpoints, logging."""
+
+    total_steps: int = 30
+    seed: int = 0
+    run_dir: Optional[str] = None
+    """Default: ``runs/<experiment_name>``."""
+    project_name: str = "jaxrl_hf"
+    experiment_name: Optional[str] = None
+    """Default: ``<algo>``."""
+    test_freq: int = 15
+    """Validate every N steps (and at the end); <= 0: only before/after."""
+    val_before_train: bool = True
+    val_only: bool = False
+    """Only validate the (initial or resumed) policy, log it to validation.jsonl, and exit."""
+    save_freq: int = 15
+    """Checkpoint every N steps (and at the end); <= 0: never."""
+    max_ckpt_to_keep: Optional[int] = 2
+    resume_mode: Literal["auto", "disable", "resume_path"] = "auto"
+    resume_from_path: Optional[str] = None
+    critic_warmup: int = 0
+    """The actor starts learning at step ``critic_warmup`` (verl's ``critic_warmup <= global_steps``): steps
+    1..k−1 update only the critic (and no ptx update runs); the actor's lr schedule starts at its first update."""
+    balance_batch: bool = True
+    logger: list[str] = field(default_factory=lambda: ["console", "jsonl", "tensorboard"])
+    progress_bar: bool = True
+    export_hf: bool = False
+    """Write the final actor as an HF safetensors directory to ``run_dir/hf_actor``."""
+    ray_init_timeout_s: float = 180.0
+    nnodes: Optional[int] = None
+    """Ray nodes the actor pool spans (verl's key): ``placement.num_processes / nnodes`` processes on each of
+    exactly that many nodes (``jaxrl_hf.config.cluster``). Null: 1 when ``n_gpus_per_node`` is set, else the
+    pool goes wherever it fits (Ray's PACK: as few nodes as have room)."""
+    n_gpus_per_node: Optional[int] = None
+    """Devices of the actor pool on each node (verl's key): GPUs on a GPU cluster (one process per GPU), host
+    devices on CPU. ``nnodes × n_gpus_per_node = placement.num_processes × placement.devices_per_process``;
+    null: derived from ``placement``."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Accelerator of the worker processes (verl's key): ``cuda``: one GPU each, and a run that finds none fails
+    at start (``launch/doctor.py``); ``cpu``: XLA host devices, also where GPUs exist; ``auto``: GPUs when the
+    Ray cluster has any."""
+    peak_flops_per_device: Optional[float] = None
+    """Peak FLOP/s of one device, for ``perf/mfu/actor`` (e.g. 989e12 for an H100 in bf16); null: not logged."""
+    compilation_cache_dir: Optional[str] = "~/.cache/jaxrl_hf/xla"
+    """JAX persistent compilation cache shared by the worker processes (null: off). A rerun skips XLA
+    compilation (the smoke preset: ~2x faster); compiled programs are identical, so results are too."""
