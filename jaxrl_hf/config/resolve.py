@@ -52,6 +52,9 @@ def resolve_defaults(config: RunConfig) -> RunConfig:
         log_prob_micro_batch_size_per_device=config.actor.log_prob_micro_batch_size_per_device
         or config.actor.ppo_micro_batch_size_per_device,
     )
+    if trainer.max_staleness > 0 and config.actor.rollout_correction.level is None:  # TIS against the stale sampler
+        config.actor = dataclasses.replace(config.actor, rollout_correction=dataclasses.replace(
+            config.actor.rollout_correction, level="token"))
     actor = config.actor
     for section in ("rollout", "ref"):  # verl: the log-prob passes follow the actor's dynamic batch size
         value = getattr(config, section)

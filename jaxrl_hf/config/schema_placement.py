@@ -48,5 +48,10 @@ class PlacementConfig:
     generate: GenerateParallelSizes = field(default_factory=GenerateParallelSizes)
     critic: PoolConfig = field(default_factory=PoolConfig)
     reward: PoolConfig = field(default_factory=PoolConfig)
+    rollout: PoolConfig = field(default_factory=PoolConfig)
+    """Where generation runs: ``colocate=True`` in the actor's processes (the hybrid engine); ``False``: a rollout
+    group of its own (split placement) with ``num_processes`` × ``devices_per_process`` devices, which gets the
+    actor's weights through the object store after every update (``trainer.max_staleness``). Validation still
+    generates on the actor."""
     memory: GpuMemoryConfig = field(default_factory=GpuMemoryConfig)
     """Each GPU's memory between JAX and a colocated vLLM (`jaxrl_hf.config.memory_budget`)."""

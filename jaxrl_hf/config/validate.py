@@ -261,6 +261,7 @@ def check_trainer(config: RunConfig) -> None:
         _fail("trainer.max_ckpt_to_keep", t.max_ckpt_to_keep, "must be >= 1 or null (keep all)")
     if t.critic_warmup < 0:
         _fail("trainer.critic_warmup", t.critic_warmup, "must be >= 0")
+    check_async_rollout(config)
     for name in t.logger:
         if name not in KNOWN_LOGGERS:
             _fail("trainer.logger", name, f"valid loggers: {list(KNOWN_LOGGERS)}")
@@ -270,6 +271,22 @@ def check_trainer(config: RunConfig) -> None:
         model = model_cfg.path
         if model != "tiny-random" and model.lower() != "smollm2-135m-instruct" and not os.path.exists(model):
             _fail(f"{key}.path", model, "not 'smollm2-135m-instruct', 'tiny-random', an HF directory or a .gguf file")
+
+
+def check_async_rollout(config: RunConfig) -> None:
+    """``trainer.max_staleness`` and the split rollout group (``placement.rollout``)."""
+    staleness, split = config.trainer.max_staleness, not config.placement.rollout.colocate
+    if staleness < 0:
+        _fail("trainer.max_staleness", staleness, "must be >= 0 (0: synchronous)")
+    if staleness > 0 and not split:
+        _fail("trainer.max_staleness", staleness, "asynchronous training generates on a rollout group of its own: "
+              "set placement.rollout.colocate=false (and its num_processes / devices_per_process)")
+    if not split:
+        return
+    if config.placement.generate.pp is not None or config.placement.generate.tp is not None:
+        _fail("placement.generate", config.placement.generate,
+              "a separate rollout group (placement.rollout.colocate=false) generates on its own mesh; the hybrid "
+              "engine's generation layout applies only to a colocated rollout")
 
 
 def validate_config(config: RunConfig) -> None:

@@ -3,7 +3,9 @@
 * the actor pool hosts ``ActorRolloutRefWorker`` (actor + hybrid-engine rollout + reference, colocated);
 * the critic (and Safe-RLHF's cost critic) share the actor pool when ``placement.critic.colocate`` (time-
   shared processes) or get their own pool (concurrent stages);
-* the reward/cost models likewise with ``placement.reward``.
+* the reward/cost models likewise with ``placement.reward``;
+* with ``placement.rollout.colocate=false`` a `RolloutWorker` group on a pool of its own generates (split
+  placement, `jaxrl_hf.trainer.async_rollout`); the actor then also serves ``get_weights``.
 
 The actor pool spans ``trainer.nnodes`` Ray nodes when that is set (``placement.num_processes / nnodes``
 processes on each; `jaxrl_hf.config.cluster`); a critic or reward pool of its own goes wherever it fits.
@@ -42,7 +44,7 @@ def make_pool(config: RunConfig, name: str, pool_cfg: PoolConfig | None = None) 
                         nnodes=None if pool_cfg else config.trainer.nnodes,
                         ready_timeout_s=config.trainer.ray_init_timeout_s, imports=config.imports,
                         use_gpu={"auto": None, "cpu": False, "cuda": True}[config.trainer.device],
-                        env_vars=worker_env(config, vllm_colocated=pool_cfg is None))
+                        env_vars=worker_env(config, vllm_colocated=pool_cfg is None or name == "rollout"))
 
 
 class RoleBuilder(contextlib.AbstractContextManager):
@@ -62,12 +64,18 @@ class RoleBuilder(contextlib.AbstractContextManager):
     def build(self) -> Roles:
         """Start the pools, create the groups and call ``init_model`` on each."""
         from jaxrl_hf.workers import ActorRolloutRefWorker, CostModelWorker, CriticWorker, RewardModelWorker
+        from jaxrl_hf.workers.rollout_worker import RolloutWorker, WeightSourceActorWorker
 
         c = self.config
         worker_config = c  # the typed RunConfig itself (Ray pickles it); every worker reads its sections
         actor_pool = self._pool("actor")
-        actor = WorkerGroup(actor_pool, ActorRolloutRefWorker, worker_config, actor_role_name(c), role="actor")
+        split_rollout = not c.placement.rollout.colocate
+        actor_cls = WeightSourceActorWorker if split_rollout else ActorRolloutRefWorker
+        actor = WorkerGroup(actor_pool, actor_cls, worker_config, actor_role_name(c), role="actor")
         groups = {"actor": actor}
+        if split_rollout:  # a rollout group of its own (asynchronous training: trainer.max_staleness)
+            groups["rollout"] = WorkerGroup(self._pool("rollout", c.placement.rollout), RolloutWorker, worker_config,
+                                            role="rollout")
         critic_pool = actor_pool if c.placement.critic.colocate else None
         if c.critic.enable:
             critic_pool = critic_pool or self._pool("critic", c.placement.critic)

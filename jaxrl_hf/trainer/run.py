@@ -26,6 +26,7 @@ from jaxrl_hf.config.schema import RunConfig
 from jaxrl_hf.controller import Batch
 from jaxrl_hf.trainer.advantage import KLController
 from jaxrl_hf.trainer.algorithms import ALGORITHMS
+from jaxrl_hf.trainer.async_rollout import AsyncRollout
 from jaxrl_hf.trainer.checkpointing import CheckpointError, CheckpointManager, load_trainer_state
 from jaxrl_hf.trainer.data import collate_prompts, load_split, load_tokenizer, make_train_loader, ptx_examples
 from jaxrl_hf.trainer.dynamic_sampling import DynamicSamplingError
@@ -34,7 +35,8 @@ from jaxrl_hf.trainer.metrics import data_metrics, entropy_metric, mfu_metric, t
 from jaxrl_hf.trainer.preflight import PreflightError, pin_driver_to_cpu, quick_preflight
 from jaxrl_hf.trainer.roles import RoleBuilder
 from jaxrl_hf.trainer.scoring import RewardFunction
-from jaxrl_hf.trainer.step import UID_STRIDE_ROUND, UID_STRIDE_STEP, Roles, StepContext, generation_seed
+from jaxrl_hf.trainer.step import (UID_STRIDE_ROUND, UID_STRIDE_STEP, Roles, StepContext, generation_seed,
+                                   seeded_prompts)
 from jaxrl_hf.trainer.validation import aggregate_validation
 
 logger = logging.getLogger("jaxrl_hf.trainer")
@@ -53,6 +55,7 @@ class RLTrainer:
         self.algo_state: dict[str, Any] = {}
         self.global_step = 0
         self.roles: Roles | None = None
+        self.async_rollout: AsyncRollout | None = None
 
     # ------------------------------------------------------------------ setup
     def _setup_data(self) -> None:
@@ -67,11 +70,25 @@ class RLTrainer:
         self.val_sets = load_split(c, "val", self.tokenizer) if c.data.val_files else {}
         self.ptx = ptx_examples(c, self.tokenizer) if c.actor.ptx_coef > 0 else None
 
-    def next_prompts(self, round_: int) -> Batch:
-        """The loader's next batch as a prompt Batch with uids unique to (step, round, row)."""
+    def next_prompts(self, round_: int, step: int | None = None) -> Batch:
+        """The loader's next batch as a prompt Batch with uids unique to (step, round, row); ``step`` defaults
+        to the current one (asynchronous training draws the next steps' first rounds ahead)."""
+        step = self.global_step if step is None else step
         rows = self.loader.next_batch()
-        uid_base = self.global_step * UID_STRIDE_STEP + round_ * UID_STRIDE_ROUND
+        uid_base = step * UID_STRIDE_STEP + round_ * UID_STRIDE_ROUND
         return collate_prompts(rows, self.tokenizer, self.config.data.max_prompt_length, uid_base)
+
+    def _start_async_rollout(self) -> None:
+        """With a split rollout group: its work queue, and the actor's (restored) weights handed to it."""
+        if self.roles.rollout is None:
+            return
+        c = self.config
+        self.async_rollout = AsyncRollout(
+            self.roles.rollout, self.roles.actor, c.trainer.max_staleness,
+            lambda step: seeded_prompts(self.next_prompts(0, step), c.rollout.seed, step, 0),
+            self.loader.state_dict, prefetch=c.algo != "remax")  # ReMax's greedy baseline needs the step's prompts
+        if self.global_step > 0:
+            self.async_rollout.push_weights(self.global_step)
 
     def ptx_batch(self, step: int) -> Batch:
         """This step's pre-training batch (a deterministic slice of the ptx examples)."""
@@ -84,7 +101,11 @@ class RLTrainer:
     def trainer_state(self) -> dict[str, Any]:
         return {"version": STATE_VERSION, "global_step": self.global_step, "algo": self.config.algo,
                 "seed": self.config.trainer.seed, "rollout_seed": self.config.rollout.seed,
-                "loader": self.loader.state_dict(), "kl_ctrl": self.kl_ctrl.state_dict(), "algo_state": self.algo_state}
+                "loader": self._loader_state(), "kl_ctrl": self.kl_ctrl.state_dict(), "algo_state": self.algo_state}
+
+    def _loader_state(self) -> dict[str, Any]:
+        state = self.loader.state_dict()
+        return self.async_rollout.loader_state_for_checkpoint(state) if self.async_rollout is not None else state
 
     def save_checkpoint(self) -> str:
         assert self.roles is not None
@@ -141,12 +162,15 @@ class RLTrainer:
     def train_step(self) -> dict[str, float]:
         c = self.config
         ctx = StepContext(c, self.roles, self.reward_fn, self.global_step, self.next_prompts, self.kl_ctrl,
-                          state=self.algo_state, ptx_batch=self.ptx_batch if self.ptx is not None else None)
+                          state=self.algo_state, ptx_batch=self.ptx_batch if self.ptx is not None else None,
+                          async_rollout=self.async_rollout)
         start = time.perf_counter()
         for group in (self.roles.actor, self.roles.critic, self.roles.cost_critic):
             if group is not None and "set_step" in group.method_names:
                 group.set_step(self.global_step)  # seeds of mini-batch shuffles derive from the step
         batch = self.step_fn(ctx)
+        if self.async_rollout is not None and ctx.actor_updates():
+            ctx.metrics.update(self.async_rollout.push_weights(self.global_step))  # the previous push's metrics
         ctx.timer.timings["step"] = time.perf_counter() - start
         metrics = {"training/global_step": float(self.global_step), "training/epoch": float(self.loader.epoch)}
         metrics.update(ctx.metrics)
@@ -181,6 +205,7 @@ class RLTrainer:
             if resume:
                 self.restore(resume)
                 print(f"resumed from {resume} (step {self.global_step})", file=sys.stderr)
+            self._start_async_rollout()
             log = MetricLogger(self.run_dir, c.trainer.logger, resume_step=self.global_step, config=c.to_dict(),
                                project=c.trainer.project_name, experiment=c.trainer.experiment_name or c.algo)
             try:
@@ -228,6 +253,8 @@ class RLTrainer:
                     bar.update(self.global_step, info)
                 else:
                     print(f"step {self.global_step}/{c.trainer.total_steps} {info}", file=sys.stderr)
+        if self.async_rollout is not None:
+            self.async_rollout.drain()
         if c.trainer.export_hf:
             self.roles.actor.export_hf(os.path.join(self.run_dir, "hf_actor"))
         self._summary(saved_at)

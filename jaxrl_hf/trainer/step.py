@@ -41,6 +41,8 @@ class Roles:
     cost_critic: Any = None
     reward_model: Any = None
     cost_model: Any = None
+    rollout: Any = None
+    """RolloutWorker group of a split placement (``placement.rollout.colocate=false``), else None."""
     actor_num_params: int = 0
     """Parameter count reported by the actor's ``init_model`` (for MFU)."""
 
@@ -49,6 +51,13 @@ def generation_seed(base: int, step: int, round_: int) -> int:
     """Sampling seed of generation round ``round_`` of ``step``: a pure function, so a resumed run
     samples exactly what an uninterrupted run samples."""
     return int((base * 1_000_003 + step * 7919 + round_ * 104_729 + 17) % (2**31 - 1))
+
+
+def seeded_prompts(prompts: Batch, rollout_seed: int, step: int, round_: int, **sampling: Any) -> Batch:
+    """``prompts`` with the meta_info of generation round ``round_`` of ``step``: its seed (`generation_seed`),
+    the step, and any sampling overrides."""
+    return Batch(prompts.arrays, prompts.objects, {**prompts.meta_info, "global_step": step,
+                                                   "seed": generation_seed(rollout_seed, step, round_), **sampling})
 
 
 def merge_metrics(into: dict[str, float], result: Any) -> None:
@@ -67,25 +76,26 @@ class StepContext:
 
     def __init__(self, config: RunConfig, roles: Roles, reward_fn: RewardFunction, step: int,
                  next_prompts: Callable[[int], Batch], kl_ctrl: KLController, state: dict[str, Any] | None = None,
-                 ptx_batch: Callable[[int], Batch] | None = None) -> None:
+                 ptx_batch: Callable[[int], Batch] | None = None, async_rollout: Any = None) -> None:
         self.config, self.roles, self.reward_fn, self.step = config, roles, reward_fn, step
         self.next_prompts = next_prompts
         self.kl_ctrl = kl_ctrl
         self.state = state if state is not None else {}
         """Algorithm state carried across steps and checkpointed (e.g. Safe-RLHF's λ); JSON values."""
         self.ptx_batch = ptx_batch
+        self.async_rollout = async_rollout
+        """`jaxrl_hf.trainer.async_rollout.AsyncRollout` with a split rollout group: generation goes there."""
         self.timer = StageTimer()
         self.metrics: dict[str, float] = {}
 
     # ------------------------------------------------------------------ generation and rewards
     def generate(self, prompts: Batch, round_: int = 0, **sampling: Any) -> Batch:
         """``actor.generate_sequences`` with this step's seed (``sampling`` overrides e.g. greedy=True, n=1)."""
-        prompts = Batch(prompts.arrays, prompts.objects, {
-            **prompts.meta_info, "global_step": self.step,
-            "seed": generation_seed(self.config.rollout.seed, self.step, round_), **sampling})
+        prompts = seeded_prompts(prompts, self.config.rollout.seed, self.step, round_, **sampling)
         with self.timer("gen"):
-            out = self.roles.actor.generate_sequences(prompts)
-        return out
+            if self.async_rollout is not None:
+                return self.async_rollout.generate(prompts, self.metrics)
+            return self.roles.actor.generate_sequences(prompts)
 
     def score(self, batch: Batch, *, baseline: bool = False) -> Batch:
         """Rule reward (driver) + reward-model / cost-model scores (workers) -> ``token_level_scores`` etc.
@@ -106,7 +116,12 @@ class StepContext:
         return batch.union(Batch(scored.arrays, scored.objects, {}))
 
     def generate_and_score(self, round_: int = 0) -> Batch:
-        """Next prompts -> ``generate_sequences`` -> rewards (one generation round)."""
+        """Next prompts -> ``generate_sequences`` -> rewards (one generation round). With a split rollout group
+        the first round may have been generated ahead (``trainer.max_staleness``)."""
+        if self.async_rollout is not None and round_ == 0:
+            with self.timer("gen"):
+                out = self.async_rollout.first_round(self.step, self.metrics)
+            return self.score(out)
         return self.score(self.generate(self.next_prompts(round_), round_))
 
     # ------------------------------------------------------------------ log-probs and values
