@@ -52,9 +52,12 @@ def resolve_defaults(config: RunConfig) -> RunConfig:
         log_prob_micro_batch_size_per_device=config.actor.log_prob_micro_batch_size_per_device
         or config.actor.ppo_micro_batch_size_per_device,
     )
-    if trainer.max_staleness > 0 and config.actor.rollout_correction.level is None:  # TIS against the stale sampler
-        config.actor = dataclasses.replace(config.actor, rollout_correction=dataclasses.replace(
-            config.actor.rollout_correction, level="token"))
+    if trainer.max_staleness > 0:  # asynchronous: a rollout group of its own, TIS against the stale sampler
+        config.placement = dataclasses.replace(
+            config.placement, rollout=dataclasses.replace(config.placement.rollout, colocate=False))
+        if config.actor.rollout_correction.level is None:
+            config.actor = dataclasses.replace(config.actor, rollout_correction=dataclasses.replace(
+                config.actor.rollout_correction, level="token"))
     actor = config.actor
     for section in ("rollout", "ref"):  # verl: the log-prob passes follow the actor's dynamic batch size
         value = getattr(config, section)

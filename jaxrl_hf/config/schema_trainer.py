@@ -52,9 +52,9 @@ class TrainerConfig:
     """Peak FLOP/s of one device, for ``perf/mfu/actor`` (e.g. 989e12 for an H100 in bf16); null: not logged."""
     max_staleness: int = 0
     """Asynchronous training: how many actor updates old the rollout's weights may be when its batch is trained
-    on. 0: synchronous (generate, then train; the default). k > 0 needs ``placement.rollout.colocate=false``:
-    the rollout group generates the batches of the next k steps while the actor trains, and gets the weights
-    after each update (`jaxrl_hf.trainer.async_rollout`); ``actor.rollout_correction.level`` then defaults to
+    on. 0: synchronous (generate, then train; the default). k > 0 puts generation on a rollout group of its own
+    (``placement.rollout.colocate`` becomes false; ``placement.rollout`` sizes it), which generates the batches
+    of the next k steps while the actor trains and gets the weights after each update (`jaxrl_hf.trainer.async_rollout`); ``actor.rollout_correction.level`` then defaults to
     ``token`` (truncated importance sampling against the stale sampler)."""
     compilation_cache_dir: Optional[str] = "~/.cache/jaxrl_hf/xla"
     """JAX persistent compilation cache shared by the worker processes (null: off). A rerun skips XLA

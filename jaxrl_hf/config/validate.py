@@ -278,9 +278,6 @@ def check_async_rollout(config: RunConfig) -> None:
     staleness, split = config.trainer.max_staleness, not config.placement.rollout.colocate
     if staleness < 0:
         _fail("trainer.max_staleness", staleness, "must be >= 0 (0: synchronous)")
-    if staleness > 0 and not split:
-        _fail("trainer.max_staleness", staleness, "asynchronous training generates on a rollout group of its own: "
-              "set placement.rollout.colocate=false (and its num_processes / devices_per_process)")
     if not split:
         return
     if config.placement.generate.pp is not None or config.placement.generate.tp is not None:

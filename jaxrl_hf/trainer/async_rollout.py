@@ -35,12 +35,14 @@ class AsyncRollout:
     """The rollout group's work queue for one run (see the module docstring)."""
 
     def __init__(self, rollout: Any, actor: Any, max_staleness: int, first_round_prompts: Callable[[int], Batch],
-                 loader_state: Callable[[], Any], prefetch: bool = True) -> None:
+                 loader_state: Callable[[], Any], last_step: int, prefetch: bool = True) -> None:
         self.rollout, self.actor, self.max_staleness = rollout, actor, int(max_staleness)
         self.first_round_prompts = first_round_prompts
         """``step -> Batch``: the step's first-round prompts, seeded (draws from the data loader)."""
         self.loader_state = loader_state
         self.prefetch_enabled = prefetch and self.max_staleness > 0
+        self.last_step = int(last_step)
+        """``trainer.total_steps``: nothing is generated ahead for steps after it."""
         self.inflight: dict[int, tuple[Any, int, Any]] = {}
         """step -> (generation future, weights version it samples with, loader state before its prompts)"""
         self.version = 0
@@ -70,7 +72,7 @@ class AsyncRollout:
         out = self._wait(future, metrics)
         metrics["async/staleness/mean"] = float(step - 1 - version)
         if self.prefetch_enabled:
-            for ahead in range(step + 1, step + 1 + self.max_staleness):
+            for ahead in range(step + 1, min(step + self.max_staleness, self.last_step) + 1):
                 if ahead not in self.inflight:
                     before = self.loader_state()
                     self.inflight[ahead] = (self._submit(self.first_round_prompts(ahead)), self.version, before)

@@ -86,7 +86,8 @@ class RLTrainer:
         self.async_rollout = AsyncRollout(
             self.roles.rollout, self.roles.actor, c.trainer.max_staleness,
             lambda step: seeded_prompts(self.next_prompts(0, step), c.rollout.seed, step, 0),
-            self.loader.state_dict, prefetch=c.algo != "remax")  # ReMax's greedy baseline needs the step's prompts
+            self.loader.state_dict, last_step=c.trainer.total_steps,
+            prefetch=c.algo != "remax")  # ReMax's greedy baseline needs the step's prompts
         if self.global_step > 0:
             self.async_rollout.push_weights(self.global_step)
 
