@@ -272,6 +272,20 @@ def check_trainer(config: RunConfig) -> None:
             _fail(f"{key}.path", model, "not 'smollm2-135m-instruct', 'tiny-random', an HF directory or a .gguf file")
 
 
+def check_lora(config: RunConfig) -> None:
+    """``model.lora_rank`` >= 0; with LoRA on, ``lora_alpha`` > 0 and ``target_modules`` names known modules."""
+    m = config.model
+    if m.lora_rank < 0:
+        _fail("model.lora_rank", m.lora_rank, "must be >= 0 (0 = LoRA off)")
+    if m.lora_rank:
+        _positive("model.lora_alpha", m.lora_alpha)
+        from jaxrl_hf.models.lora import resolve_target_modules
+        try:
+            resolve_target_modules(m.target_modules)
+        except ValueError as e:
+            _fail("model.target_modules", m.target_modules, str(e))
+
+
 def validate_config(config: RunConfig) -> None:
     """All checks; raises ``ConfigError`` on the first problem."""
     check_registered_names(config)
@@ -283,4 +297,5 @@ def validate_config(config: RunConfig) -> None:
     check_actor(config)
     check_data_and_rewards(config)
     check_trainer(config)
+    check_lora(config)
     check_memory_budget(config)  # vLLM's + JAX's share of each GPU (with the environment's XLA_PYTHON_CLIENT_*)
