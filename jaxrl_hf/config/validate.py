@@ -242,6 +242,9 @@ def check_data_and_rewards(config: RunConfig) -> None:
         if not 0 < ob.len <= d.max_response_length:
             _fail("reward_model.overlong_buffer.len", ob.len,
                   f"must be in (0, data.max_response_length={d.max_response_length}]")
+    if rm.reward_manager == "prm" and not (rm.prm.path and os.path.isdir(rm.prm.path)):
+        _fail("reward_model.prm.path", rm.prm.path, "reward_model.reward_manager='prm' needs a PRM directory "
+              "(launch/train_prm.py --out)")
     if rm.enable and not rm.path:
         _fail("reward_model.path", rm.path, "reward_model.enable needs a reward model directory or 'tiny-random'")
     if config.cost_model.enable and not config.cost_model.path:

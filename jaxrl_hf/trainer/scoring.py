@@ -34,6 +34,10 @@ class RewardFunction:
         if manager == "dapo":
             kwargs.update(max_response_length=config.rollout.response_length,
                           overlong_buffer=rm.overlong_buffer)
+        if manager == "prm":
+            from jaxrl_hf.rewards.prm_manager import load_process_reward_model
+            kwargs.update(prm=load_process_reward_model(rm.prm.path), aggregation=rm.prm.aggregation,
+                          prm_weight=rm.prm.weight)
         self.manager = make_reward_manager(manager, score_fn=spec, **kwargs)
         self.rule_weight = rm.rule_weight if (rm.enable and not validation) else 1.0
 
