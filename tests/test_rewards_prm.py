@@ -143,6 +143,12 @@ def test_prm_manager_adds_aggregated_step_scores(smoke_prm):
         want = rule.copy()
         want[[0, 1, 2], [3, 2, 0]] += 0.5 * expected[how]
         np.testing.assert_allclose(out_.token_level_scores, want, atol=1e-5)
+    # the trainer's route: the policy's chat-templated prompt tokens (same tokenizer) instead of the text
+    templated = prm.model.tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
+                                                        add_generation_prompt=True, tokenize=True)
+    by_ids = make_reward_manager("prm", prm=prm, aggregation="min")(*args, responses=responses,
+                                                                      prompt_ids=[templated] * 3)
+    np.testing.assert_allclose(by_ids.extras["prm_score"], expected["min"], atol=1e-5)
     with pytest.raises(ValueError, match="no prompt"):
         make_reward_manager("prm", prm=prm)(*args, responses=responses)
 

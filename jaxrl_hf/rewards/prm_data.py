@@ -181,12 +181,16 @@ def split_steps(response: str, step_tag: str = STEP_TAG) -> list[str]:
     return [s for s in response.split(step_tag) if s.strip()]
 
 
-def encode_steps(tokenizer: Any, prompt: Sequence[Mapping[str, Any]] | str, steps: Sequence[str],
+def encode_steps(tokenizer: Any, prompt: Sequence[Mapping[str, Any]] | Sequence[int] | str, steps: Sequence[str],
                  step_tag: str = STEP_TAG) -> tuple[list[int], list[int]]:
-    """``(ids, boundary positions)``: the chat-templated prompt, then each ``step + step_tag`` tokenised
-    separately; the boundary of a step is the index of its segment's last token."""
-    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
-    ids = list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True))
+    """``(ids, boundary positions)``: the chat-templated prompt (or ``prompt`` itself when it is already token ids),
+    then each ``step + step_tag`` tokenised separately; the boundary of a step is the index of its segment's last
+    token."""
+    if not isinstance(prompt, str) and len(prompt) and all(isinstance(t, (int, np.integer)) for t in prompt):
+        ids = [int(t) for t in prompt]
+    else:
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+        ids = list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True))
     boundaries = []
     for step in steps:
         segment = tokenizer.encode(step + step_tag)

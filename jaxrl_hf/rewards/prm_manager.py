@@ -10,8 +10,9 @@ Wang et al. 2024 the min):
 * ``last``: ``r = p_K``       (the PRM's judgement after the final step).
 
 ``r · prm_weight`` is added to the rule score on the response's last valid token (``naive`` manager layout);
-a response with no step scores 0 from the PRM. The prompt of each response is the ``prompts`` argument, else
-``extra_info['prompt']``, else ``extra_info['question']``.
+a response with no step scores 0 from the PRM. The prompt of each response is, in this order: ``prompt_ids`` (the
+policy's chat-templated prompt tokens, what the trainer passes: the PRM must share the policy's tokenizer), the
+``prompts`` argument (messages or text, templated here), ``extra_info['prompt']``, ``extra_info['question']``.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ class ProcessRewardModel:
     def _score_fn(self) -> Any:
         return make_step_score_fn(self.model.config)
 
-    def encode(self, prompt: Sequence[Mapping[str, Any]] | str, response: str) -> tuple[list[int], list[int]]:
+    def encode(self, prompt: Sequence[Mapping[str, Any]] | Sequence[int] | str, response: str) -> tuple[list[int], list[int]]:
         """Token ids and step boundaries of ``response`` to ``prompt`` (the training layout)."""
         return encode_steps(self.model.tokenizer, prompt, split_steps(response, self.step_tag), self.step_tag)
 
@@ -93,6 +94,8 @@ def load_process_reward_model(path: str, dtype: str = "float32") -> ProcessRewar
 class PRMRewardManager(NaiveRewardManager):
     """``naive`` rule scores + ``prm_weight`` x the PRM's aggregated step score (see the module docstring)."""
 
+    wants_prompt_ids = True
+
     def __init__(self, *, prm: ProcessRewardModel, aggregation: str = "min", prm_weight: float = 1.0,
                  **kwargs: Any) -> None:
         if aggregation not in PRM_AGGREGATIONS:
@@ -101,7 +104,10 @@ class PRMRewardManager(NaiveRewardManager):
         self.prm, self.aggregation, self.prm_weight = prm, aggregation, float(prm_weight)
 
     @staticmethod
-    def _prompt(i: int, prompts: Sequence[Any] | None, extra_infos: Sequence[Mapping | None] | None) -> Any:
+    def _prompt(i: int, prompts: Sequence[Any] | None, extra_infos: Sequence[Mapping | None] | None,
+                prompt_ids: Sequence[Sequence[int]] | None = None) -> Any:
+        if prompt_ids is not None:
+            return [int(t) for t in prompt_ids[i]]
         if prompts is not None:
             return prompts[i]
         info = (extra_infos or [None] * (i + 1))[i] or {}
@@ -113,11 +119,12 @@ class PRMRewardManager(NaiveRewardManager):
 
     def __call__(self, response_ids: np.ndarray, response_mask: np.ndarray, data_sources: Sequence[str],
                  ground_truths: Sequence[Any], extra_infos: Sequence[Mapping | None] | None = None,
-                 responses: Sequence[str] | None = None, prompts: Sequence[Any] | None = None) -> RewardOutput:
+                 responses: Sequence[str] | None = None, prompts: Sequence[Any] | None = None,
+                 prompt_ids: Sequence[Sequence[int]] | None = None) -> RewardOutput:
         out = super().__call__(response_ids, response_mask, data_sources, ground_truths, extra_infos, responses)
         mask = np.asarray(response_mask).astype(bool)
         texts = self._response_texts(np.asarray(response_ids), mask, responses)
-        items = [(self._prompt(i, prompts, extra_infos), t) for i, t in enumerate(texts)]
+        items = [(self._prompt(i, prompts, extra_infos, prompt_ids), t) for i, t in enumerate(texts)]
         step_scores, step_mask = self.prm.step_scores(items)
         prm = aggregate_step_scores(step_scores, step_mask, self.aggregation)
         lengths = mask.sum(axis=1)

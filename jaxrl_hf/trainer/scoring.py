@@ -43,9 +43,13 @@ class RewardFunction:
 
     def __call__(self, batch: Batch) -> Batch:
         """Rule scores of ``batch`` (needs ``responses``, ``response_mask``, ``data_source``, ``ground_truth``)."""
+        kwargs = {}
+        if getattr(self.manager, "wants_prompt_ids", False) and "prompts" in batch:  # the PRM scores prompt + steps
+            kwargs["prompt_ids"] = [row[m > 0].tolist() for row, m in zip(np.asarray(batch["prompts"]),
+                                                                          np.asarray(batch["prompt_mask"]))]
         out = self.manager(
             batch["responses"], batch["response_mask"], list(batch["data_source"]), list(batch["ground_truth"]),
-            list(batch["extra_info"]) if "extra_info" in batch else None,
+            list(batch["extra_info"]) if "extra_info" in batch else None, **kwargs,
         )
         scores = out.token_level_scores.astype(np.float32) * np.float32(self.rule_weight)
         if "rm_scores" in batch:
