@@ -40,8 +40,6 @@ from typing import Any, Mapping, Sequence
 import jax
 import jax.numpy as jnp
 
-from jaxrl_hf.models.config import DecoderConfig
-
 Params = dict[str, Any]
 Adapters = dict[str, dict[str, Any]]
 
@@ -211,11 +209,3 @@ def check_adapters(adapters: Mapping[str, Any], base: Params, lora_cfg: LoraConf
                 raise ValueError(f"{source}: {name}.{key} has shape {got}, expected {expected} (rank "
                                  f"{lora_cfg.rank})")
 
-
-def base_config_dims(config: DecoderConfig) -> dict[str, int]:
-    """Per-layer adapter parameter count by module for ``config`` at rank 1 (multiply by r·layers)."""
-    e, m = config.hidden_size, config.intermediate_size
-    q, kv = config.num_attention_heads * config.head_dim, config.num_key_value_heads * config.head_dim
-    sizes = {"q_proj": (e, q), "k_proj": (e, kv), "v_proj": (e, kv), "o_proj": (q, e),
-             "gate_proj": (e, m), "up_proj": (e, m), "down_proj": (m, e)}
-    return {k: i + o for k, (i, o) in sizes.items()}
