@@ -8,7 +8,7 @@ each file small. Import the classes from either module: it is one class each.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
 
 @dataclass
@@ -56,4 +56,11 @@ class ModelConfig:
     use_remove_padding: bool = False
     """Pack each micro-batch's rows into one sequence per device, no padding between them (verl's key; attention
     and positions per row): ``jaxrl_hf.workers.packing``. For the critic: ``critic.model``'s, else this one."""
+    lora_rank: int = 0
+    """LoRA rank ``r`` (verl's key; 0 = full fine-tuning): the base is frozen and only low-rank adapters on
+    ``target_modules`` are trained (`jaxrl_hf.models.lora`)."""
+    lora_alpha: float = 16.0
+    """LoRA scaling numerator: the update is ``(lora_alpha / lora_rank) · B A``."""
+    target_modules: Any = "all-linear"
+    """``all-linear`` or a list of HF module names (``[q_proj, v_proj]``) that get adapters."""
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)

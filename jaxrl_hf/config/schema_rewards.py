@@ -36,10 +36,23 @@ class ScoringModelConfig:
 
 
 @dataclass
+class PRMConfig:
+    """The process reward model of ``reward_model.reward_manager=prm`` (`jaxrl_hf.rewards.prm_manager`)."""
+
+    path: Optional[str] = None
+    """PRM directory written by ``launch/train_prm.py``."""
+    aggregation: Literal["min", "last"] = "min"
+    """How per-step probabilities become one reward: the worst step (``min``) or the last step (``last``)."""
+    weight: float = 1.0
+    """Multiplier of the aggregated PRM score added to the rule score."""
+
+
+@dataclass
 class RewardModelConfig(ScoringModelConfig):
     """Rule-based reward manager (always) plus an optional learned reward model (``enable``)."""
 
-    reward_manager: Literal["naive", "dapo"] = "naive"
+    reward_manager: Literal["naive", "dapo", "prm"] = "naive"
+    prm: PRMConfig = field(default_factory=PRMConfig)
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
     num_workers: int = 0
     """Processes scoring responses on the driver (0 = in the driver process)."""

@@ -242,6 +242,9 @@ def check_data_and_rewards(config: RunConfig) -> None:
         if not 0 < ob.len <= d.max_response_length:
             _fail("reward_model.overlong_buffer.len", ob.len,
                   f"must be in (0, data.max_response_length={d.max_response_length}]")
+    if rm.reward_manager == "prm" and not (rm.prm.path and os.path.isdir(rm.prm.path)):
+        _fail("reward_model.prm.path", rm.prm.path, "reward_model.reward_manager='prm' needs a PRM directory "
+              "(launch/train_prm.py --out)")
     if rm.enable and not rm.path:
         _fail("reward_model.path", rm.path, "reward_model.enable needs a reward model directory or 'tiny-random'")
     if config.cost_model.enable and not config.cost_model.path:
@@ -284,6 +287,23 @@ def check_async_rollout(config: RunConfig) -> None:
         _fail("placement.generate", config.placement.generate,
               "a separate rollout group (placement.rollout.colocate=false) generates on its own mesh; the hybrid "
               "engine's generation layout applies only to a colocated rollout")
+    if config.model.lora_rank:
+        _fail("model.lora_rank", config.model.lora_rank, "a separate rollout group (placement.rollout.colocate=false "
+              "or trainer.max_staleness > 0) is handed full weights, not LoRA adapters, yet: use a colocated rollout")
+
+
+def check_lora(config: RunConfig) -> None:
+    """``model.lora_rank`` >= 0; with LoRA on, ``lora_alpha`` > 0 and ``target_modules`` names known modules."""
+    m = config.model
+    if m.lora_rank < 0:
+        _fail("model.lora_rank", m.lora_rank, "must be >= 0 (0 = LoRA off)")
+    if m.lora_rank:
+        _positive("model.lora_alpha", m.lora_alpha)
+        from jaxrl_hf.models.lora import resolve_target_modules
+        try:
+            resolve_target_modules(m.target_modules)
+        except ValueError as e:
+            _fail("model.target_modules", m.target_modules, str(e))
 
 
 def validate_config(config: RunConfig) -> None:
@@ -297,4 +317,5 @@ def validate_config(config: RunConfig) -> None:
     check_actor(config)
     check_data_and_rewards(config)
     check_trainer(config)
+    check_lora(config)
     check_memory_budget(config)  # vLLM's + JAX's share of each GPU (with the environment's XLA_PYTHON_CLIENT_*)

@@ -6,7 +6,9 @@ allocated, so a 70B plan compiles on a laptop. The programs are the worker's own
 * ``update_actor``: `jaxrl_hf.workers.actor_programs.build_actor_update`'s step (the actor loss, micro-batch
   gradient accumulation by ``lax.scan``, clipping + AdamW) on one mini-batch of ``num_micro`` micro-batches
   shaped as the worker forms them (padded rows, token budget and/or packed: `jaxrl_hf.memory_plan.micro_batches`),
-  the train state laid out by the actor's rule set (``actor.strategy``), donated as in the worker.
+  the train state laid out by the actor's rule set (``actor.strategy``), donated as in the worker. With
+  ``model.lora_rank > 0`` the state holds only the LoRA adapters and the frozen base is the step's ``frozen``
+  argument, as in the worker (`jaxrl_hf.workers.lora_policy`).
 * ``log_prob``: `jaxrl_hf.workers.actor_programs.log_probs_program` on one log-prob micro-batch (the
   ``rollout.log_prob_*`` pass), with the packed or padded forward the worker picks.
 * ``generate``: one decode step of the native engine (`jaxrl_hf.rollout.jax_engine.decode_step`) on the
@@ -41,6 +43,7 @@ from jaxrl_hf.workers.actor_programs import LOG_PROB_INPUTS, build_actor_update,
 from jaxrl_hf.workers.common import (check_sequence_parallel_heads, lm_param_shardings, rows_sharding,
                                      train_parallel, train_rule_set)
 from jaxrl_hf.workers.generation_layout import GenerationLayout, generation_parallel
+from jaxrl_hf.workers.lora_policy import LoraPolicy
 from jaxrl_hf.workers.losses import lm_log_prob_fn
 from jaxrl_hf.workers.minibatch import MiniBatchPlan
 from jaxrl_hf.workers.packed_forward import packed_log_prob_fn
@@ -152,13 +155,20 @@ def update_actor_program(layout: ActorLayout) -> CompiledProgram:
     """The worker's ``update_actor`` step for one mini-batch (module docstring)."""
     config, mesh, devices = layout.config, layout.mesh, layout.dp_devices
     batching = actor_micro_batching(config)["update"]
+    lora = LoraPolicy.from_config(config.model, layout.model, layout.params, layout.shardings, mesh,
+                                  layout.rule_set.for_transition(layout.gen).params)
+    shapes_, shardings_, frozen = layout.shapes, layout.shardings, ()
+    if lora is not None:  # trained: the adapters; the base rides along as the frozen argument
+        shapes_, shardings_ = jax.eval_shape(lambda: lora.init_adapters(0)), lora.adapter_shardings
+        frozen = (None, layout.params)
     update = build_actor_update(config.actor, config.rollout.temperature, _forward_fn(layout, batching),
-                                layout.shapes, layout.shardings, mesh,
-                                live_fn=has_response_tokens if batching.dynamic else None)
-    opt_shapes = jax.eval_shape(update.optimizer.init, layout.shapes)
+                                shapes_, shardings_, mesh, live_fn=has_response_tokens if batching.dynamic else None,
+                                combine=lora.combine if lora is not None else None)
+    opt_shapes = jax.eval_shape(update.optimizer.init, shapes_)
     opt_state = abstract(opt_shapes, update.state_shardings.opt_state)
     step = jax.ShapeDtypeStruct((), jnp.int32, sharding=update.state_shardings.step)
-    state = type(update.state_shardings)(layout.params, opt_state, step)
+    trained = abstract(shapes_, shardings_)
+    state = type(update.state_shardings)(trained, opt_state, step)
     actor = config.actor
     mini_rows = actor.ppo_mini_batch_size * config.rollout.n
     shapes = pass_shapes(batching, layout.train_width)
@@ -168,11 +178,14 @@ def update_actor_program(layout: ActorLayout) -> CompiledProgram:
     count = update_micro_count(batching, shapes, mini_rows, devices, by_rows)
     columns = shapes.columns(update.loss_cfg.required_keys(), layout.seq_lengths[1])
     micro = _abstract_columns(columns, (count,), devices, shapes.rows_per_device, mesh)
-    compiled, seconds = _compile(update.step, state, micro)
+    compiled, seconds = _compile(update.step, state, micro, *frozen)
     report = {"num_micro": count, "micro_rows": devices * shapes.rows_per_device,
               **_shapes_report(shapes, batching, columns)}
-    return CompiledProgram("update_actor", compiled, report, tree_bytes_per_device(layout.params),
-                           tree_bytes_per_device(opt_state), seconds)
+    if lora is not None:
+        report["lora"] = {"rank": lora.cfg.rank, "target_modules": list(lora.cfg.target_modules),
+                          "adapter_bytes_per_device": tree_bytes_per_device(trained)}
+    param_bytes = tree_bytes_per_device(layout.params) + (tree_bytes_per_device(trained) if lora is not None else 0)
+    return CompiledProgram("update_actor", compiled, report, param_bytes, tree_bytes_per_device(opt_state), seconds)
 
 
 def log_prob_program(layout: ActorLayout) -> CompiledProgram:

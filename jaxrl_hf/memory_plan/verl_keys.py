@@ -76,8 +76,6 @@ IGNORED_VERL_KEYS: dict[str, str] = {
 # verl keys (canonical) that change memory but are not modelled yet (until the schema learns them)
 NOT_MODELLED: dict[str, str] = {
     "actor.fsdp_config.model_dtype": "FSDP parameter dtype (this framework keeps float32 master params)",
-    "model.lora_rank": "LoRA adapters (the plan is of full fine-tuning)",
-    "model.lora_alpha": "LoRA adapters (the plan is of full fine-tuning)",
 }
 
 

@@ -256,6 +256,9 @@ REWARD_MANAGERS = {"naive": NaiveRewardManager, "dapo": DAPORewardManager}
 
 def make_reward_manager(name: str, **kwargs: Any) -> NaiveRewardManager:
     """The reward manager called ``name`` (``reward_model.reward_manager`` in configs)."""
+    if name == "prm" and "prm" not in REWARD_MANAGERS:  # registered on first use (prm_manager imports this module)
+        from jaxrl_hf.rewards.prm_manager import PRMRewardManager
+        REWARD_MANAGERS["prm"] = PRMRewardManager
     try:
         cls = REWARD_MANAGERS[name]
     except KeyError:

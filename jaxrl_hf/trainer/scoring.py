@@ -34,14 +34,22 @@ class RewardFunction:
         if manager == "dapo":
             kwargs.update(max_response_length=config.rollout.response_length,
                           overlong_buffer=rm.overlong_buffer)
+        if manager == "prm":
+            from jaxrl_hf.rewards.prm_manager import load_process_reward_model
+            kwargs.update(prm=load_process_reward_model(rm.prm.path), aggregation=rm.prm.aggregation,
+                          prm_weight=rm.prm.weight)
         self.manager = make_reward_manager(manager, score_fn=spec, **kwargs)
         self.rule_weight = rm.rule_weight if (rm.enable and not validation) else 1.0
 
     def __call__(self, batch: Batch) -> Batch:
         """Rule scores of ``batch`` (needs ``responses``, ``response_mask``, ``data_source``, ``ground_truth``)."""
+        kwargs = {}
+        if getattr(self.manager, "wants_prompt_ids", False) and "prompts" in batch:  # the PRM scores prompt + steps
+            kwargs["prompt_ids"] = [row[m > 0].tolist() for row, m in zip(np.asarray(batch["prompts"]),
+                                                                          np.asarray(batch["prompt_mask"]))]
         out = self.manager(
             batch["responses"], batch["response_mask"], list(batch["data_source"]), list(batch["ground_truth"]),
-            list(batch["extra_info"]) if "extra_info" in batch else None,
+            list(batch["extra_info"]) if "extra_info" in batch else None, **kwargs,
         )
         scores = out.token_level_scores.astype(np.float32) * np.float32(self.rule_weight)
         if "rm_scores" in batch:

@@ -24,7 +24,7 @@ training-layout leaves, gathering a sharded leaf to one host buffer at a time (`
 (`jaxrl_hf.workers.offload`). ``actor.ulysses_sequence_parallel_size > 1`` (Ulysses) adds an ``sp`` axis to the
 training mesh: rows over ``dp``, the sequence over ``sp`` (left-padded to a multiple of it), the strategy's
 sequence-parallel rule set; rollouts then always go through a generation layout, which spreads rows over every
-device and does not split sequences.
+device and does not split sequences. LoRA (``model.lora_rank``): `jaxrl_hf.workers.lora_policy`.
 
 Rollout loop: ``generate_sequences`` runs ``rollout.loop`` (`jaxrl_hf.rollout.loops`, default ``single_turn``) on
 the engine, inside the reshard above; the loop assembles the output columns.
@@ -55,6 +55,7 @@ from jaxrl_hf.workers.common import (LoadedModel, WorkerConfigError, check_seque
                                      copy_tokenizer_files, lm_param_shardings, load_model, pad_sequences_to,
                                      reference_params, to_global, train_parallel, train_rule_set, worker_run_config)
 from jaxrl_hf.workers.generation_layout import GenerationLayout, generation_parallel
+from jaxrl_hf.workers.lora_policy import LoraPolicy
 from jaxrl_hf.workers.losses import lm_log_prob_fn
 from jaxrl_hf.workers.minibatch import MiniBatchPlan, iterate_minibatches, mean_metrics
 from jaxrl_hf.workers.offload import OptimizerOffload
@@ -138,11 +139,16 @@ class ActorRolloutRefWorker(Worker):
         self.packed_log_prob_fn = packed_log_prob_fn(config, self.mesh, self.rule_set.activations)
         if self.has_ref:
             self.ref_params = reference_params(params, config.dtype)
+        self.lora = LoraPolicy.from_config(self.config.model, config, params, shardings, self.mesh,
+                                           self.rule_set.for_transition(self.gen).params) if self.has_actor else None
+        if self.lora is not None:  # train only the adapters; the base stays frozen in self.lora
+            params, shardings = self.lora.init_adapters(self.config.model.seed), self.lora.adapter_shardings
         if self.has_actor:
             update = self.batching["update"]
             program = build_actor_update(self.config.actor, self.config.rollout.temperature,
                                          self._forward_fn(update), params, shardings, self.mesh,
-                                         live_fn=has_response_tokens if update.dynamic else None)
+                                         live_fn=has_response_tokens if update.dynamic else None,
+                                         combine=self.lora.combine if self.lora is not None else None)
             self.loss_cfg, self.optim, self._train_step = program.loss_cfg, program.optim, program.step
             self.state = jax.jit(lambda p: init_train_state(p, program.optimizer),
                                  out_shardings=program.state_shardings)(params)
@@ -150,10 +156,15 @@ class ActorRolloutRefWorker(Worker):
             if self.offload is not None:
                 self.state = self.offload.offload(self.state)
         summary = {"role": self.worker_role, "num_params": int(sum(np.prod(x.shape) for x in jax.tree.leaves(params))),
+                   "lora_rank": self.lora.cfg.rank if self.lora is not None else 0,
                    "devices": jax.device_count(), "mesh": dict(self.mesh.shape)}
         if self.layout is not None:
             summary["generation"] = self.layout.describe()
         return summary
+
+    def policy_params(self) -> Any:
+        """The actor's full weights: the train state's params, or base + LoRA adapters merged."""
+        return self.state.params if self.lora is None else self.lora.merged(self.state.params)
 
     def _engine_options(self) -> dict[str, Any] | None:
         """vLLM options: the ``rollout`` keys that ``VllmOptions`` names (unset/null ones left out)."""
@@ -180,7 +191,7 @@ class ActorRolloutRefWorker(Worker):
         mesh, rules = ((self.layout.mesh, self.layout.activation_rules) if self.layout is not None
                        else (self.mesh, self.rule_set.activations))
         try:
-            engine = make_rollout_engine(self.engine_name, config=self.model.config, params=self.state.params,
+            engine = make_rollout_engine(self.engine_name, config=self.model.config, params=self.policy_params(),
                                          pad_token_id=self.model.pad_token_id, eos_token_ids=self.model.eos_token_ids,
                                          mesh=mesh, rules=rules, model_dir=self.model.path,
                                          tokenizer_dir=self.model.path, options=self._engine_options())
@@ -231,7 +242,7 @@ class ActorRolloutRefWorker(Worker):
             finally:
                 self.engine.sleep()
             return
-        gen_params = self.layout.to_generation(self.state.params)
+        gen_params = self.layout.to_generation(self.policy_params())
         try:
             # already laid out on the engine's mesh: used as they are (set_params would re-place a copy)
             self.engine.params = gen_params
@@ -239,7 +250,8 @@ class ActorRolloutRefWorker(Worker):
         finally:
             self.engine.params = None
             self.engine.sleep()
-            self.state = self.state._replace(params=self.layout.to_training(gen_params))
+            back = self.layout.to_training(gen_params)  # with LoRA: the merged copy, dropped
+            self.state = self.state._replace(params=back) if self.lora is None else self.state
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
     def set_step(self, step: int) -> None:
@@ -332,7 +344,7 @@ class ActorRolloutRefWorker(Worker):
         self._require_model("compute_log_prob")
         if not self.has_actor:
             raise RuntimeError("role 'ref' has no actor; call compute_ref_log_prob")
-        logp, ent = self._log_probs(self.state.params, batch, self._temperature(batch.meta_info),
+        logp, ent = self._log_probs(self.policy_params(), batch, self._temperature(batch.meta_info),
                                     self.batching["log_prob"])
         return Batch.from_dict({"old_log_probs": logp, "entropys": ent})
 
@@ -383,12 +395,13 @@ class ActorRolloutRefWorker(Worker):
         for micro in iterate_minibatches(arrays, plan, seed):
             micro = update.update_micro_batches(micro, self.dp_devices // self.dp_processes)  # by tokens/packed
             placed = {k: to_global(v, self.mesh, self.dp_processes, micro_axis=True) for k, v in micro.items()}
-            self.state, metrics = self._train_step(self.state, placed, lr_step)
+            self.state, metrics = self._train_step(self.state, placed, lr_step,
+                                                   *(() if self.lora is None else (self.lora.base,)))
             collected.append(metrics)
         metrics = {**mean_metrics(collected, prefix="actor/", last=("lr",)), **update.padding_metrics("actor/")}
         if self.layout is None:
             start = time.perf_counter()
-            self.engine.set_params(self.state.params)  # vLLM: the in-place weight sync
+            self.engine.set_params(self.policy_params())  # vLLM: the in-place weight sync
             metrics["timing_s/weight_sync"] = time.perf_counter() - start
             if self.engine_name == "vllm":  # perf/weight_sync_{path,bytes,...}, bytes freed/regained by sleep/wake
                 metrics.update(self.engine.sync_metrics())
@@ -435,7 +448,7 @@ class ActorRolloutRefWorker(Worker):
                 self.state = TrainState(*tree["train_state"])
         if self.has_actor:
             if self.layout is None:
-                self.engine.set_params(self.state.params)
+                self.engine.set_params(self.policy_params())
         else:
             self.ref_params = tree["ref_params"]
         self.global_step, self._gen_calls = int(meta["global_step"]), int(meta["gen_calls"])
@@ -445,7 +458,7 @@ class ActorRolloutRefWorker(Worker):
     def export_hf(self, path: str) -> str:
         """Write the actor's current weights as an HF safetensors directory (+ tokenizer files), atomically."""
         self._require_model("export_hf")
-        params = self.state.params if self.has_actor else self.ref_params
+        params = self.policy_params() if self.has_actor else self.ref_params
         host = jax.tree.map(lambda x: np.asarray(jax.device_get(x)), params) if jax.process_count() == 1 else \
             jax.tree.map(lambda x: np.asarray(jax.experimental.multihost_utils.process_allgather(x, tiled=True)), params)
         host = jax.tree.map(lambda x: x.astype(np.float32) if x.dtype != np.float32 else x, host)  # a bf16 reference
@@ -454,6 +467,8 @@ class ActorRolloutRefWorker(Worker):
             tmp = f"{path}.tmp-export"
             shutil.rmtree(tmp, ignore_errors=True)
             save_hf_dir(tmp, host, self.model.config)
+            if self.lora is not None:  # merged weights above, the adapters alone (PEFT format) beside them
+                self.lora.save_adapter(os.path.join(tmp, "lora_adapter"), self.state.params, self.model.path)
             copy_tokenizer_files(self.model.path, tmp)
             if os.path.exists(path):
                 shutil.rmtree(path)

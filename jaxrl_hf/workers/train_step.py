@@ -22,6 +22,9 @@
   left out, it is ``state.step`` (one schedule step per update). A non-finite gradient norm skips the update
   (params, optimizer state and step count unchanged) and is reported as ``skipped = 1``.
 * ``state`` is donated: the old parameter and optimizer buffers are reused for the new ones.
+* ``combine(params, frozen) -> full params`` (optional; LoRA, `jaxrl_hf.workers.lora_policy`): ``state.params`` are
+  then only the trainable part and the step takes the frozen rest as its ``frozen`` argument; the loss sees
+  ``combine(params, frozen)``, gradients and optimizer state exist only for ``params``.
 """
 
 from __future__ import annotations
@@ -123,7 +126,8 @@ def make_train_step(loss_fn: LossFn, optim: OptimConfig, *, optimizer: optax.Gra
                     denominator_fn: Callable[[Mapping[str, jax.Array]], Any] | None = None,
                     summed_aux: tuple[str, ...] = (), donate: bool = True,
                     state_shardings: Any = None, jit: bool = True,
-                    live_fn: Callable[[Mapping[str, jax.Array]], jax.Array] | None = None) -> Callable:
+                    live_fn: Callable[[Mapping[str, jax.Array]], jax.Array] | None = None,
+                    combine: Callable[[Any, Any], Any] | None = None) -> Callable:
     """The jitted ``step(state, micro_batches, schedule_step=None) -> (state, metrics)`` of the module docstring.
 
     ``metrics``: ``loss`` (exact mini-batch loss), ``grad_norm`` (before clipping), ``lr`` (used for this
@@ -131,10 +135,11 @@ def make_train_step(loss_fn: LossFn, optim: OptimConfig, *, optimizer: optax.Gra
     ``TrainState`` of shardings) pins the output layout to the input layout so donation can reuse buffers.
     """
     def step(state: TrainState, micro_batches: Mapping[str, jax.Array],
-             schedule_step: Any = None) -> tuple[TrainState, dict[str, jax.Array]]:
+             schedule_step: Any = None, frozen: Any = None) -> tuple[TrainState, dict[str, jax.Array]]:
         denominators = denominator_fn(micro_batches) if denominator_fn is not None else None
         grad_shardings = state_shardings.params if state_shardings is not None else None
-        loss, grads, aux = accumulate_gradients(loss_fn, state.params, micro_batches, denominators, summed_aux,
+        fn = loss_fn if combine is None else (lambda p, micro, d: loss_fn(combine(p, frozen), micro, d))
+        loss, grads, aux = accumulate_gradients(fn, state.params, micro_batches, denominators, summed_aux,
                                                 grad_shardings, live_fn)
         new_state, update_metrics = apply_update(state, grads, optimizer, optim, schedule_step)
         return new_state, {"loss": loss, **update_metrics, **aux}
