@@ -1,0 +1,211 @@
+"""DAPO's ablation (Yu et al. 2025, Table 1) in one command:
+``python launch/ablate.py [--seeds 3] [--preset P] [--rows a,b] [--out DIR] [key.path=value ...]``.
+
+Each row adds one mechanism to the row above it; everything else is ``--algo dapo``'s configuration (plus
+``--preset`` and the overrides given here, applied to every row):
+
+====================================  =======================================================================
+row                                   adds
+====================================  =======================================================================
+``naive_grpo``                        symmetric clip 0.2, sample-level loss (seq-mean-token-mean), no overlong
+                                      shaping or filtering, no dynamic sampling
+``overlong_filtering``                ``algorithm.overlong_filter=true`` (§3.4: truncated samples out of the loss)
+``clip_higher``                       ``actor.clip_ratio_high=0.28`` (§3.1)
+``soft_overlong_punishment``          ``reward_model.overlong_buffer.enable=true`` (eq.13)
+``token_level_loss``                  ``actor.loss_agg_mode=token-mean`` (§3.3)
+``dynamic_sampling``                  ``algorithm.filter_groups.enable=true`` (§3.2): the full DAPO recipe
+====================================  =======================================================================
+
+Every row runs with ``--seeds`` seeds (seed s sets ``rollout.seed``, ``data.seed`` and ``trainer.seed``), one run
+after another in this process (``jaxrl_hf.trainer.run``), into ``OUT/<row>/seed<s>``; a run whose
+``metrics.jsonl`` already reaches ``trainer.total_steps`` is not run again. The score of a run is its final
+validation accuracy per data source (``val-core/<source>/acc/mean@N`` of the last ``validation.jsonl``
+record). Writes ``OUT/ablation.json`` (every run, and per row the mean and std over seeds) and
+``OUT/ablation.png`` (mean ± std per row and data source) and ``OUT/curves.png`` (per row, the seed-mean of
+``actor/entropy`` and ``response_length/mean`` against the training step). Exit status: 0; 1 if a run failed; 2 for a
+bad configuration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+NAIVE_GRPO = ["actor.clip_ratio_low=0.2", "actor.clip_ratio_high=0.2", "actor.loss_agg_mode=seq-mean-token-mean",
+              "algorithm.overlong_filter=false", "reward_model.overlong_buffer.enable=false",
+              "algorithm.filter_groups.enable=false"]
+ROWS: list[tuple[str, str]] = [  # (row name, the override it adds to the row above)
+    ("naive_grpo", ""),
+    ("overlong_filtering", "algorithm.overlong_filter=true"),
+    ("clip_higher", "actor.clip_ratio_high=0.28"),
+    ("soft_overlong_punishment", "reward_model.overlong_buffer.enable=true"),
+    ("token_level_loss", "actor.loss_agg_mode=token-mean"),
+    ("dynamic_sampling", "algorithm.filter_groups.enable=true"),
+]
+
+
+def row_overrides() -> dict[str, list[str]]:
+    """``{row: overrides}``: the naive-GRPO overrides with each row's addition and all those above it (a later
+    override of a key wins, so each row differs from the one above in exactly one key)."""
+    out, added = {}, []
+    for name, override in ROWS:
+        added = added + [override] if override else added
+        out[name] = NAIVE_GRPO + added
+    return out
+
+
+def final_accuracy(run_dir: str) -> dict[str, float]:
+    """``{data source: acc mean@N}`` of the run's last validation record (empty without one)."""
+    path = os.path.join(run_dir, "validation.jsonl")
+    if not os.path.isfile(path):
+        return {}
+    with open(path, encoding="utf-8") as fh:
+        records = [json.loads(line) for line in fh if line.strip()]
+    last = records[-1] if records else {}
+    return {k[len("val-core/"):k.index("/acc/mean@")]: float(v) for k, v in last.items()
+            if k.startswith("val-core/") and "/acc/mean@" in k}
+
+
+def last_step(run_dir: str) -> int:
+    path = os.path.join(run_dir, "metrics.jsonl")
+    if not os.path.isfile(path):
+        return 0
+    with open(path, encoding="utf-8") as fh:
+        steps = [json.loads(line)["step"] for line in fh if line.strip()]
+    return max(steps, default=0)
+
+
+def summarize(rows: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Per row: its runs and, per data source, the mean and (sample) std of the final accuracy over seeds."""
+    out = []
+    for name, runs in rows.items():
+        sources = sorted({s for r in runs for s in r["final_acc"]})
+        values = {s: [r["final_acc"][s] for r in runs if s in r["final_acc"]] for s in sources}
+        out.append({"row": name, "overrides": runs[0]["overrides"] if runs else [], "runs": runs,
+                    "mean": {s: float(np.mean(v)) for s, v in values.items()},
+                    "std": {s: float(np.std(v, ddof=1)) if len(v) > 1 else 0.0 for s, v in values.items()}})
+    return out
+
+
+CURVE_KEYS = ("actor/entropy", "response_length/mean")
+
+
+def metric_curve(run_dir: str, key: str) -> dict[int, float]:
+    """``{step: value}`` of one metric from the run's ``metrics.jsonl`` (steps without the key are left out)."""
+    path = os.path.join(run_dir, "metrics.jsonl")
+    if not os.path.isfile(path):
+        return {}
+    with open(path, encoding="utf-8") as fh:
+        records = [json.loads(line) for line in fh if line.strip()]
+    return {int(r["step"]): float(r[key]) for r in records if key in r}
+
+
+def mean_curve(curves: list[dict[int, float]]) -> tuple[list[int], list[float]]:
+    """Steps present in every seed's curve, and the mean over seeds at each."""
+    steps = sorted(set.intersection(*(set(c) for c in curves))) if curves else []
+    return steps, [float(np.mean([c[s] for c in curves])) for s in steps]
+
+
+def plot_curves(summary: list[dict[str, Any]], path: str) -> None:
+    """One panel per ``CURVE_KEYS`` metric, one line per row (mean over its seeds) against the training step."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(CURVE_KEYS), figsize=(6 * len(CURVE_KEYS), 4))
+    for ax, key in zip(axes, CURVE_KEYS):
+        for row in summary:
+            steps, values = mean_curve([metric_curve(r["run_dir"], key) for r in row["runs"]])
+            ax.plot(steps, values, marker=".", label=row["row"])
+        ax.set_xlabel("training step")
+        ax.set_ylabel(f"{key} (mean over seeds)")
+        ax.grid(True, alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def plot(summary: list[dict[str, Any]], path: str) -> None:
+    """Grouped bars: one group per row, one bar per data source, error bars = std over seeds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sources = sorted({s for row in summary for s in row["mean"]})
+    fig, ax = plt.subplots(figsize=(2 + 1.6 * len(summary), 4.5))
+    width = 0.8 / max(len(sources), 1)
+    x = np.arange(len(summary))
+    for i, source in enumerate(sources):
+        means = [row["mean"].get(source, np.nan) for row in summary]
+        stds = [row["std"].get(source, 0.0) for row in summary]
+        ax.bar(x + (i - (len(sources) - 1) / 2) * width, means, width, yerr=stds, capsize=3, label=source)
+    seeds = max((len(row["runs"]) for row in summary), default=0)
+    ax.set_xticks(x, [row["row"].replace("_", "\n") for row in summary], fontsize=8)
+    ax.set_ylabel(f"final validation accuracy (mean@N), mean ± std over {seeds} seed(s)")
+    ax.set_title("DAPO ablation: each row adds one mechanism to the row on its left")
+    ax.grid(True, axis="y", alpha=0.3)
+    if sources:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", type=int, default=3, help="seeds per row (0, 1, ..., SEEDS-1)")
+    parser.add_argument("--preset", default=None, help="preset(s) for every run, as in launch/train.py")
+    parser.add_argument("--rows", default=None, help=f"comma-separated subset of {[name for name, _ in ROWS]}")
+    parser.add_argument("--out", default="runs/ablation", help="output directory")
+    parser.add_argument("overrides", nargs="*", help="dotted config overrides applied to every row")
+    args = parser.parse_args(argv)
+    table = row_overrides()
+    names = args.rows.split(",") if args.rows else list(table)
+    unknown = [n for n in names if n not in table]
+    if unknown or args.seeds < 1:
+        parser.error(f"--rows: unknown {unknown}; valid: {list(table)}" if unknown else "--seeds must be >= 1")
+    from jaxrl_hf.config import ConfigError, load_config
+    from jaxrl_hf.trainer import run
+
+    os.makedirs(args.out, exist_ok=True)
+    results: dict[str, list[dict[str, Any]]] = {}
+    failed = False
+    for name in names:
+        for seed in range(args.seeds):
+            run_dir = os.path.abspath(os.path.join(args.out, name, f"seed{seed}"))
+            overrides = [*table[name], *(f"{k}={seed}" for k in ("rollout.seed", "data.seed", "trainer.seed")),
+                         *args.overrides, f"trainer.run_dir={run_dir}"]
+            try:
+                total = load_config("dapo", args.preset, overrides).trainer.total_steps
+            except ConfigError as err:
+                print(f"ablation: config error in row {name}: {err}", file=sys.stderr)
+                return 2
+            status = 0 if last_step(run_dir) >= total else run("dapo", preset=args.preset, overrides=overrides)
+            failed |= status != 0
+            results.setdefault(name, []).append({"seed": seed, "run_dir": run_dir, "status": status,
+                                                 "overrides": overrides, "final_step": last_step(run_dir),
+                                                 "final_acc": final_accuracy(run_dir)})
+            print(f"ablation: {name} seed {seed}: status {status}, final acc {results[name][-1]['final_acc']}",
+                  file=sys.stderr)
+    summary = summarize(results)
+    with open(os.path.join(args.out, "ablation.json"), "w", encoding="utf-8") as fh:
+        json.dump({"command": sys.argv, "preset": args.preset, "seeds": args.seeds, "rows": summary}, fh, indent=2)
+    plot(summary, os.path.join(args.out, "ablation.png"))
+    plot_curves(summary, os.path.join(args.out, "curves.png"))
+    for row in summary:
+        cells = ", ".join(f"{s} {row['mean'][s]:.3f} ± {row['std'][s]:.3f}" for s in row["mean"])
+        print(f"{row['row']:>26}: {cells or 'no validation'}")
+    print(os.path.join(args.out, "ablation.json"))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

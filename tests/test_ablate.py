@@ -1,0 +1,78 @@
+"""``launch/ablate.py``: the row table (each row adds exactly one mechanism; the last is the DAPO recipe) and the
+summary it writes (mean and std over seeds of each run's final validation accuracy, JSON + PNG). The runs
+themselves are ``jaxrl_hf.trainer.run`` (tested end to end in test_trainer_e2e.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import os
+
+import numpy as np
+
+from jaxrl_hf.config import load_config
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def ablate():
+    spec = importlib.util.spec_from_file_location("ablate", os.path.join(REPO, "launch", "ablate.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def flat(config, prefix=""):
+    out = {}
+    for key, value in (dataclasses.asdict(config) if prefix == "" else config).items():
+        if isinstance(value, dict):
+            out.update(flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def test_each_row_adds_one_mechanism_and_the_last_is_the_recipe():
+    table = ablate().row_overrides()
+    configs = [flat(load_config("dapo", overrides=overrides)) for overrides in table.values()]
+    changed = [sorted(k for k in b if a[k] != b[k]) for a, b in zip(configs, configs[1:])]
+    assert changed == [["algorithm.overlong_filter"], ["actor.clip_ratio_high"],
+                       ["reward_model.overlong_buffer.enable"], ["actor.loss_agg_mode"],
+                       ["algorithm.filter_groups.enable"]]
+    naive, dapo, recipe = configs[0], configs[-1], flat(load_config("dapo"))
+    assert naive["actor.clip_ratio_high"] == naive["actor.clip_ratio_low"] == 0.2
+    assert naive["actor.loss_agg_mode"] == "seq-mean-token-mean" and not naive["algorithm.filter_groups.enable"]
+    for key in ("actor.clip_ratio_high", "actor.loss_agg_mode", "reward_model.overlong_buffer.enable",
+                "algorithm.filter_groups.enable"):
+        assert dapo[key] == recipe[key], key
+
+
+def test_summary_json_and_png(tmp_path):
+    module = ablate()
+    accs = {"naive_grpo": [0.1, 0.3, 0.2], "dynamic_sampling": [0.5, 0.4, 0.6]}
+    rows = {}
+    for name, values in accs.items():
+        for seed, acc in enumerate(values):
+            run_dir = tmp_path / name / f"seed{seed}"
+            run_dir.mkdir(parents=True)
+            records = [{"step": 0, "val-core/arithmetic/acc/mean@4": 0.0},
+                       {"step": 30, "val-core/arithmetic/acc/mean@4": acc, "val-core/gsm8k/acc/mean@4": acc / 10}]
+            (run_dir / "validation.jsonl").write_text("\n".join(json.dumps(r) for r in records))
+            steps = [{"step": t, "actor/entropy": acc * t, "response_length/mean": 10.0 + t} for t in (1, 2, 3)]
+            (run_dir / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in steps[: 2 + (seed > 0)]))
+            rows.setdefault(name, []).append({"seed": seed, "overrides": [], "run_dir": str(run_dir),
+                                              "final_acc": module.final_accuracy(str(run_dir))})
+    summary = module.summarize(rows)
+    for row, values in zip(summary, accs.values()):
+        np.testing.assert_allclose(row["mean"]["arithmetic"], np.mean(values))
+        np.testing.assert_allclose(row["std"]["arithmetic"], np.std(values, ddof=1))
+        np.testing.assert_allclose(row["mean"]["gsm8k"], np.mean(values) / 10)
+        curve = [module.metric_curve(r["run_dir"], "actor/entropy") for r in row["runs"]]
+        steps, means = module.mean_curve(curve)  # seed 0 stops at step 2: only steps every seed reached
+        assert steps == [1, 2]
+        np.testing.assert_allclose(means, [np.mean(values) * t for t in (1, 2)])
+    module.plot(summary, str(tmp_path / "ablation.png"))
+    module.plot_curves(summary, str(tmp_path / "curves.png"))
+    for name in ("ablation.png", "curves.png"):
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
