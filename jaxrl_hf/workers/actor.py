@@ -96,6 +96,7 @@ class ActorRolloutRefWorker(Worker):
         self.model: LoadedModel | None = None
         self.state: TrainState | None = None
         self.ref_params: Any = None
+        self.lora: LoraPolicy | None = None  # set by init_model when model.lora_rank > 0
         self.global_step, self._gen_calls = 0, 0
         self.batching = actor_micro_batching(self.config)  # by rows, by tokens and/or packed, per pass
         loop_name = self.config.rollout.loop
