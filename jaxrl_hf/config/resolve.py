@@ -40,6 +40,8 @@ def resolve_defaults(config: RunConfig) -> RunConfig:
         max_prompt_length=config.rollout.max_prompt_length or data.max_prompt_length,
         response_length=config.rollout.response_length or data.max_response_length,
     )
+    if config.rollout.multi_turn.enable and config.rollout.loop in ("single_turn", "single_turn_agent"):
+        config.rollout = dataclasses.replace(config.rollout, loop="multi_turn")  # verl: multi_turn.enable selects it
     config.rollout.val = dataclasses.replace(
         config.rollout.val, response_length=config.rollout.val.response_length or config.rollout.response_length)
     config.data = dataclasses.replace(data, gen_batch_size=data.gen_batch_size or data.train_batch_size,

@@ -20,6 +20,24 @@ class RolloutValConfig:
 
 
 @dataclass
+class MultiTurnConfig:
+    """Multi-turn tool-calling rollouts (verl ``actor_rollout_ref.rollout.multi_turn``; docs/AGENT.md)."""
+
+    enable: bool = False
+    """Run the ``multi_turn`` loop (set ``rollout.loop`` to it unless another loop is named)."""
+    max_assistant_turns: Optional[int] = 4
+    """Model turns per rollout (null: until no tool call or the response length is spent)."""
+    tool_config_path: Optional[str] = None
+    """verl's tool config file (YAML/JSON ``tools:`` list); null: the built-in ``calculator``."""
+    max_parallel_calls: int = 1
+    """Tool calls executed per turn (later ones in the same turn are ignored)."""
+    max_tool_response_length: int = 256
+    """Characters of a tool's answer kept (the rest is cut, verl's ``tool_response_truncate_side: right``)."""
+    format: str = "hermes"
+    """Tool-call format: ``hermes`` (Qwen's ``<tool_call>{json}</tool_call>``), the only one."""
+
+
+@dataclass
 class RolloutConfig:
     """Generation (verl ``actor_rollout_ref.rollout``)."""
 
@@ -43,6 +61,7 @@ class RolloutConfig:
     """Rollout loop run on the engine per rollout (``jaxrl_hf.rollout.loops``): ``single_turn`` (alias
     ``single_turn_agent``) or any loop registered with ``register_rollout_loop``."""
     val: RolloutValConfig = field(default_factory=RolloutValConfig)
+    multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
     # vLLM engine options (``name=vllm`` only; null = the engine's default, see
     # ``jaxrl_hf.rollout.vllm_engine.VllmOptions``). verl's names where it has them.
     tensor_parallel_size: Optional[int] = None

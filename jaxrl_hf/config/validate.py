@@ -14,7 +14,7 @@ from jaxrl_hf.config.memory_budget import check_memory_budget
 from jaxrl_hf.config.registered import check_registered_names
 from jaxrl_hf.config.schema import RunConfig
 
-BUILTIN_DATASETS = ("arithmetic", "gsm8k")
+BUILTIN_DATASETS = ("arithmetic", "calculator", "gsm8k")
 KNOWN_LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
 
 
@@ -212,6 +212,15 @@ def check_actor(config: RunConfig) -> None:
         _fail("rollout.top_p", r.top_p, "must be in (0, 1]")
     _positive("rollout.val.n", r.val.n)
     _positive("rollout.val.temperature", r.val.temperature)
+    mt = r.multi_turn
+    if mt.max_assistant_turns is not None:
+        _positive("rollout.multi_turn.max_assistant_turns", mt.max_assistant_turns)
+    _positive("rollout.multi_turn.max_parallel_calls", mt.max_parallel_calls)
+    _positive("rollout.multi_turn.max_tool_response_length", mt.max_tool_response_length)
+    if mt.format != "hermes":
+        _fail("rollout.multi_turn.format", mt.format, "only 'hermes' (<tool_call>{json}</tool_call>) is supported")
+    if mt.tool_config_path is not None and not os.path.isfile(mt.tool_config_path):
+        _fail("rollout.multi_turn.tool_config_path", mt.tool_config_path, "no such file")
 
 
 def check_data_and_rewards(config: RunConfig) -> None:

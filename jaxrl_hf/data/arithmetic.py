@@ -87,8 +87,10 @@ def make_expression(rng: random.Random, cfg: ArithmeticConfig) -> tuple[str, int
     return text, value
 
 
-def generate_arithmetic(n: int, seed: int, config: ArithmeticConfig | None = None, *, split: str = "train") -> list[dict]:
-    """``n`` schema-valid rows, reproducible from ``seed`` (``extra_info`` holds the expression)."""
+def generate_arithmetic(n: int, seed: int, config: ArithmeticConfig | None = None, *, split: str = "train",
+                        data_source: str = DATA_SOURCE, system_prompt: str | None = None) -> list[dict]:
+    """``n`` schema-valid rows, reproducible from ``seed`` (``extra_info`` holds the expression); ``data_source``
+    and ``system_prompt`` serve datasets built on this one (``calculator``)."""
     cfg = config or ArithmeticConfig()
     if n < 0:
         raise ValueError(f"arithmetic: n must be >= 0, got {n}")
@@ -98,10 +100,11 @@ def generate_arithmetic(n: int, seed: int, config: ArithmeticConfig | None = Non
         expression, value = make_expression(rng, cfg)
         rows.append(
             make_row(
-                DATA_SOURCE,
+                data_source,
                 cfg.template.format(expression=expression),
                 str(value),
                 extra_info={"split": split, "index": index, "expression": expression},
+                system_prompt=system_prompt,
             )
         )
     return rows

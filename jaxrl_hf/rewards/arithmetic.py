@@ -45,6 +45,13 @@ def score_details(solution_str: str, ground_truth: str | int) -> dict:
     return {"score": 1.0 if correct else 0.0, "acc": correct, "pred": pred or ""}
 
 
+def strict_score_details(solution_str: str, ground_truth: str | int) -> dict:
+    """``score_details`` reading only an explicit ``Answer: n`` (the ``calculator`` task: the scored text is the
+    whole agent trajectory, so a bare number may be a tool's answer, not the model's)."""
+    found = _MARKED[0].findall(solution_str[-SOLUTION_CLIP_CHARS:])
+    return score_details(f"Answer: {found[-1]}" if found else "", ground_truth)
+
+
 def compute_score(solution_str: str, ground_truth: str | int) -> float:
     """The arithmetic reward as a float (1.0 correct, 0.0 otherwise)."""
     return score_details(solution_str, ground_truth)["score"]

@@ -23,13 +23,15 @@ MATH_SOURCES = ("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "Hugging
 DAPO_SOURCES = ("math_dapo", "math", "math_dapo_reasoning")
 DAPO_SOURCE_PREFIX = "aime"
 ARITHMETIC_SOURCES = ("arithmetic",)
+CALCULATOR_SOURCES = ("calculator",)
 
 ScoreFn = Callable[..., "float | dict"]
 
 
 def known_data_sources() -> list[str]:
     """The data sources ``compute_score`` handles (plus any name starting with ``aime``)."""
-    return [*GSM8K_SOURCES, *MATH_SOURCES, *DAPO_SOURCES, f"{DAPO_SOURCE_PREFIX}*", *ARITHMETIC_SOURCES]
+    return [*GSM8K_SOURCES, *MATH_SOURCES, *DAPO_SOURCES, f"{DAPO_SOURCE_PREFIX}*", *ARITHMETIC_SOURCES,
+            *CALCULATOR_SOURCES]
 
 
 def _details_fn(data_source: str) -> tuple[Callable[..., dict], bool]:
@@ -42,6 +44,8 @@ def _details_fn(data_source: str) -> tuple[Callable[..., dict], bool]:
         return math_dapo.score_details, True
     if data_source in ARITHMETIC_SOURCES:
         return arithmetic.score_details, False
+    if data_source in CALCULATOR_SOURCES:
+        return arithmetic.strict_score_details, False
     raise NotImplementedError(
         f"no rule scorer for data_source={data_source!r}; known sources: {known_data_sources()}"
         " (or set custom_reward_function.path to a Python file with your own compute_score)"

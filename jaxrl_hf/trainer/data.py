@@ -15,8 +15,8 @@ import numpy as np
 
 from jaxrl_hf.config.schema import RunConfig
 from jaxrl_hf.controller import Batch
-from jaxrl_hf.data import (ArithmeticConfig, PromptLoader, filter_by_prompt_length, generate_arithmetic, make_sampler,
-                           prompt_token_ids, read_rows)
+from jaxrl_hf.data import (ArithmeticConfig, PromptLoader, filter_by_prompt_length, generate_arithmetic,
+                           generate_calculator, make_sampler, prompt_token_ids, read_rows)
 from jaxrl_hf.data import gsm8k as gsm8k_data
 
 
@@ -41,6 +41,16 @@ def _builtin_rows(name: str, config: RunConfig, split: str, limit: int) -> list[
         count = d.train_size if split == "train" else limit
         # validation prompts come from a different split name, hence a disjoint random stream
         return generate_arithmetic(count, seed=d.seed, config=arith, split="train" if split == "train" else "test")
+    if name == "calculator":
+        from jaxrl_hf.agent import get_tool
+        from jaxrl_hf.agent.chat import tools_system_prompt
+        from jaxrl_hf.data.calculator import TOOL_INSTRUCTIONS
+
+        # the tool's schema in the system prompt when the agent loop runs; the plain prompt otherwise (baseline)
+        agent = config.rollout.loop == "multi_turn"
+        prompt = tools_system_prompt([get_tool("calculator").schema], TOOL_INSTRUCTIONS) if agent else None
+        return generate_calculator(d.train_size if split == "train" else limit, seed=d.seed, system_prompt=prompt,
+                                   split="train" if split == "train" else "test")
     if name == "gsm8k":
         file = "train.jsonl" if split == "train" else "test.jsonl"
         rows = gsm8k_data.to_rows(os.path.join(d.gsm8k_dir, file), split="train" if split == "train" else "test")

@@ -46,11 +46,23 @@ def data_metrics(batch: Batch, use_critic: bool) -> dict[str, float]:
         out.update(_stats("critic/values", values))
         var_returns = np.var(returns)
         out["critic/vf_explained_var"] = float(1.0 - np.var(returns - values) / (var_returns + 1e-5))
+    out.update(agent_metrics(batch))
     out.update(_stats("response_length", response_len))
     out["response_length/clip_ratio"] = float(np.mean(response_len >= max_response))
     if prompt_len is not None:
         out.update(_stats("prompt_length", prompt_len))
         out["prompt_length/clip_ratio"] = float(np.mean(prompt_len >= np.asarray(batch["prompt_mask"]).shape[-1]))
+    return out
+
+
+def agent_metrics(batch: Batch) -> dict[str, float]:
+    """A multi-turn rollout's ``agent/num_turns/{mean,max,min}``, ``agent/tool_calls/mean`` (per sequence) and
+    ``agent/tool_errors`` (malformed or failed calls in the batch); nothing for single-turn rows."""
+    if "num_turns" not in batch:
+        return {}
+    out = _stats("agent/num_turns", np.asarray(batch["num_turns"]))
+    out["agent/tool_calls/mean"] = float(np.mean(batch["num_tool_calls"]))
+    out["agent/tool_errors"] = float(np.sum(batch["num_tool_errors"]))
     return out
 
 

@@ -20,6 +20,20 @@ from jaxrl_hf.controller import Batch
 from jaxrl_hf.rewards import ScoreFnSpec, make_reward_manager
 
 
+def trajectory_texts(batch: Batch, tokenizer: Any) -> list[str] | None:
+    """The whole response of each row as text — sampled and tool tokens (a multi-turn rollout's attended
+    response tokens) — when it differs from the sampled tokens; ``None`` (the manager decodes
+    ``response_mask``'s tokens) for single-turn rows."""
+    if "attention_mask" not in batch or tokenizer is None:
+        return None
+    mask = np.asarray(batch["response_mask"])
+    attended = np.asarray(batch["attention_mask"])[:, -mask.shape[1]:]
+    if np.array_equal(attended != 0, mask != 0):
+        return None
+    ids = np.asarray(batch["responses"])
+    return [tokenizer.decode(ids[i][attended[i] != 0].tolist()) for i in range(len(ids))]
+
+
 class RewardFunction:
     """Scores generated responses with the configured reward manager (in-process or a process pool)."""
 
@@ -39,11 +53,12 @@ class RewardFunction:
             kwargs.update(prm=load_process_reward_model(rm.prm.path), aggregation=rm.prm.aggregation,
                           prm_weight=rm.prm.weight)
         self.manager = make_reward_manager(manager, score_fn=spec, **kwargs)
+        self.tokenizer = tokenizer
         self.rule_weight = rm.rule_weight if (rm.enable and not validation) else 1.0
 
     def __call__(self, batch: Batch) -> Batch:
         """Rule scores of ``batch`` (needs ``responses``, ``response_mask``, ``data_source``, ``ground_truth``)."""
-        kwargs = {}
+        kwargs = {"responses": trajectory_texts(batch, self.tokenizer)}
         if getattr(self.manager, "wants_prompt_ids", False) and "prompts" in batch:  # the PRM scores prompt + steps
             kwargs["prompt_ids"] = [row[m > 0].tolist() for row, m in zip(np.asarray(batch["prompts"]),
                                                                           np.asarray(batch["prompt_mask"]))]

@@ -154,6 +154,7 @@ class ActorRolloutRefWorker(Worker):
             self.state = jax.jit(lambda p: init_train_state(p, program.optimizer),
                                  out_shardings=program.state_shardings)(params)
             self.engine = self._build_engine()
+            self.rollout_loop.setup(self.config.rollout, self.model.tokenizer)  # e.g. loads the tools
             if self.offload is not None:
                 self.state = self.offload.offload(self.state)
         summary = {"role": self.worker_role, "num_params": int(sum(np.prod(x.shape) for x in jax.tree.leaves(params))),

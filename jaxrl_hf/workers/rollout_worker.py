@@ -95,6 +95,7 @@ class RolloutWorker(ActorRolloutRefWorker):
         self.model.params = None
         self.state = TrainState(params=params, opt_state=None, step=jnp.zeros((), jnp.int32))
         self.engine = self._build_engine()
+        self.rollout_loop.setup(self.config.rollout, self.model.tokenizer)
         return {"role": "rollout", "num_params": int(sum(np.prod(x.shape) for x in jax.tree.leaves(params))),
                 "devices": jax.device_count(), "mesh": dict(self.mesh.shape)}
 

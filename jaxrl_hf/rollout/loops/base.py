@@ -111,6 +111,10 @@ class RolloutLoop(abc.ABC):
     """One way of turning prompt rows into sequences (module docstring). The worker builds one per process with
     `make_rollout_loop` (no arguments) and calls ``run`` once per ``generate_sequences``."""
 
+    def setup(self, rollout_config: Any, tokenizer: Any) -> None:
+        """Called once by the worker after its model is loaded, before any ``run``: the ``rollout`` config
+        section and the model's tokenizer (``None`` for ``tiny-random``). Single-turn loops need neither."""
+
     @abc.abstractmethod
     def run(self, engine: RolloutEngine, request: RolloutRequest) -> RolloutResult:
         """``request.n`` sequences per prompt row, generated with ``engine`` (`sequence_columns` assembles them)."""
