@@ -20,22 +20,8 @@ import pytest
 from jaxrl_hf.config import ConfigError, load_config
 from jaxrl_hf.trainer.metrics import is_wall_clock_metric
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("trainer_session")]
 SPLIT = "placement.rollout.colocate=false"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _ray_session(tmp_path_factory):
-    """One Ray session and one XLA compilation cache for the module's runs."""
-    if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
-        os.environ["JAX_COMPILATION_CACHE_DIR"] = str(tmp_path_factory.mktemp("xla_cache"))
-        os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
-        os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
-    yield
-    import ray
-
-    if ray.is_initialized():
-        ray.shutdown()
 
 
 def train(run_dir, *overrides: str) -> list[dict]:

@@ -19,25 +19,10 @@ import pytest
 from jaxrl_hf.rollout.sync_plan import SYNC_PATHS
 from jaxrl_hf.trainer.metrics import is_wall_clock_metric
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("trainer_session")]
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REQUIRED = ("step", "critic/score/mean", "response_length/mean", "actor/entropy", "actor/pg_clipfrac", "actor/ppo_kl",
             "actor/grad_norm", "timing_s/step", "perf/throughput")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _ray_session(tmp_path_factory):
-    """One Ray session for the module (each run still starts its own worker processes) and one persistent
-    XLA compilation cache, so runs after the first reuse the tiny model's compiled programs."""
-    if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
-        os.environ["JAX_COMPILATION_CACHE_DIR"] = str(tmp_path_factory.mktemp("xla_cache"))
-        os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
-        os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
-    yield
-    import ray
-
-    if ray.is_initialized():
-        ray.shutdown()
 
 
 def train(algo: str, run_dir, *overrides: str, cli: bool = False) -> list[dict]:
