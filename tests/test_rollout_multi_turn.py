@@ -225,3 +225,55 @@ def test_config_keys_and_errors(tmp_path):
         loop_with(tool_config_path=str(bad))
     with pytest.raises(RuntimeError, match="setup"):
         MultiTurnLoop().run(ScriptedEngine(lambda t, k: ""), request(["Compute 1 + 2."]))
+
+
+def test_loss_advantages_and_entropy_ignore_tool_tokens():
+    """What the trainer does with a multi-turn batch: GAE skips the tool tokens (equal to GAE over the model's
+    tokens alone, numpy float64), GRPO leaves them 0, and the actor loss, its gradient and the entropy are the
+    same whatever sits in the advantages / old log-probs at tool positions."""
+    from jaxrl_hf.algos import compute_gae_advantage_return
+    from jaxrl_hf.config.schema import ActorConfig, AlgorithmConfig
+    from jaxrl_hf.trainer.advantage import compute_advantage
+    from jaxrl_hf.workers.losses import actor_loss, actor_loss_config, lm_log_prob_fn, response_denominator
+
+    replies = {0: CALL % "6 * 7", 1: "Answer: 42"}
+    result = loop_with().run(ScriptedEngine(lambda text, k: replies[k]), request(["Compute 6 * 7."], n=2, budget=64))
+    out = {k: np.asarray(v) for k, v in result.arrays.items()}
+    mask = out["response_mask"].astype(np.float32)
+    tool = (out["attention_mask"][:, -64:] == 1) & (mask == 0)
+    assert tool.sum(1).min() > 0
+    rng = np.random.default_rng(0)
+    rewards = np.where(mask > 0, rng.normal(size=mask.shape), 0.0).astype(np.float32)
+    values = rng.normal(size=mask.shape).astype(np.float32)
+    _, returns = compute_gae_advantage_return(jnp.asarray(rewards), jnp.asarray(mask), values=jnp.asarray(values),
+                                              gamma=0.9, lam=0.8)
+    for r in range(2):  # reference: plain GAE over the model's tokens with the holes removed
+        keep = mask[r] > 0
+        rw, v = rewards[r][keep].astype(np.float64), values[r][keep].astype(np.float64)
+        adv, last = np.zeros_like(rw), 0.0
+        for t in reversed(range(len(rw))):
+            delta = rw[t] + 0.9 * (v[t + 1] if t + 1 < len(rw) else 0.0) - v[t]
+            last = adv[t] = delta + 0.9 * 0.8 * last
+        np.testing.assert_allclose(np.asarray(returns)[r][keep], adv + v, atol=1e-5)
+    grpo = compute_advantage(Batch.from_dict({"token_level_rewards": rewards, "response_mask": out["response_mask"],
+                                              "uid": np.array([0, 0], object)}), AlgorithmConfig(adv_estimator="grpo"))
+    assert (grpo["advantages"][tool] == 0).all()
+
+    config = tiny_config(vocab_size=TOK.vocab_size, eos_token_ids=(EOS,), max_position_embeddings=512)
+    params = random_params(config, seed=1)
+    cfg = actor_loss_config(ActorConfig(entropy_coeff=0.01), temperature=1.0)
+    micro = {k: jnp.asarray(out[k]) for k in ("input_ids", "attention_mask", "position_ids", "responses",
+                                              "response_mask")}
+    micro["old_log_probs"] = jnp.asarray(out["rollout_log_probs"])
+    micro["advantages"] = jnp.asarray(np.where(mask > 0, rng.normal(size=mask.shape), 0.0), jnp.float32)
+    garbage = dict(micro, advantages=jnp.where(jnp.asarray(tool), 100.0, micro["advantages"]),
+                   old_log_probs=jnp.where(jnp.asarray(tool), -50.0, micro["old_log_probs"]))
+
+    def loss(p, m):
+        return actor_loss(p, m, response_denominator(cfg.loss_agg_mode)(m), log_prob_fn=lm_log_prob_fn(config), cfg=cfg)
+
+    (clean, clean_metrics), clean_grad = jax.value_and_grad(loss, has_aux=True)(params, micro)
+    (dirty, dirty_metrics), dirty_grad = jax.value_and_grad(loss, has_aux=True)(params, garbage)
+    assert float(clean) == float(dirty) and float(clean_metrics["entropy"]) == float(dirty_metrics["entropy"])
+    for a, b in zip(jax.tree.leaves(clean_grad), jax.tree.leaves(dirty_grad)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
