@@ -195,19 +195,25 @@ def test_real_engine_continues_after_the_tool_message():
                                  length_buckets=(64, 128, 256), batch_buckets=(4,))
     req = request(["Compute 1 + 2.", "Compute 30 * 4."], n=2, budget=64, seed=5)
     out = loop_with(max_assistant_turns=2).run(FirstTurnScripted(engine), req).arrays
+    assert_model_continues_after_the_tool(out, engine.params, config, req.prompts.shape[1], atol=1e-4)
+
+
+def assert_model_continues_after_the_tool(out, params, config, prompt_width, atol):
+    """Every row: a scripted call, the calculator's answer (tool tokens), then a model turn whose sampler
+    log-probs equal a teacher-forced pass over the assembled sequence."""
     assert out["num_tool_calls"].tolist() == [1] * 4 and out["num_turns"].tolist() == [2] * 4
-    ids, p = out["input_ids"], req.prompts.shape[1]
+    ids = out["input_ids"]
     targets = np.concatenate([ids[:, 1:], np.zeros((ids.shape[0], 1), ids.dtype)], 1)
     fn = jax.jit(token_log_probs_and_entropy, static_argnums=1)
-    ref, _ = fn(engine.params, config, jnp.asarray(ids), jnp.asarray(targets), jnp.asarray(out["attention_mask"]),
+    ref, _ = fn(params, config, jnp.asarray(ids), jnp.asarray(targets), jnp.asarray(out["attention_mask"]),
                 jnp.asarray(out["position_ids"]), temperature=1.0)
-    ref = np.asarray(ref)[:, p - 1:-1]
-    for r in range(4):
+    ref = np.asarray(ref)[:, prompt_width - 1:-1]
+    for r in range(len(ids)):
         (_, end1, _), (_, end_obs, _), *rest = spans(out["response_mask"][r])
         assert "7006652" in TOK.decode(out["responses"][r, end1:end_obs])
         second = np.arange(end_obs, end_obs + int(out["response_mask"][r, end_obs:].sum()))
         assert second.size > 0
-        np.testing.assert_allclose(out["rollout_log_probs"][r, second], ref[r, second], atol=1e-4)
+        np.testing.assert_allclose(out["rollout_log_probs"][r, second], ref[r, second], atol=atol)
 
 
 def test_config_keys_and_errors(tmp_path):
