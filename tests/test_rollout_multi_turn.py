@@ -283,3 +283,23 @@ def test_loss_advantages_and_entropy_ignore_tool_tokens():
     assert float(clean) == float(dirty) and float(clean_metrics["entropy"]) == float(dirty_metrics["entropy"])
     for a, b in zip(jax.tree.leaves(clean_grad), jax.tree.leaves(dirty_grad)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_lockstep_engines_get_every_row_and_turn_with_the_same_results():
+    """An engine spanning several processes (``multi_process``) must be called equally often with the same
+    shapes everywhere: every turn, all rows, the full budget; finished rows' outputs are dropped, so the
+    result equals the single-process one."""
+    def script(text, k):
+        return CALL % "2 * 3" if "Compute 1" in text and k < 2 else "Answer: 6"
+
+    req = request(["Compute 1 + 2.", "Compute 5 + 5."], n=2, budget=160)
+    single = loop_with(max_assistant_turns=4).run(ScriptedEngine(script), req).arrays
+    engine = ScriptedEngine(script)
+    engine.multi_process = True
+    lockstep = loop_with(max_assistant_turns=4).run(engine, req).arrays
+    assert engine.calls == [(4, 160)] * 4
+    for key in ("responses", "response_mask", "attention_mask", "rollout_log_probs", "num_turns", "num_tool_calls"):
+        np.testing.assert_array_equal(lockstep[key], single[key], err_msg=key)
+    assert single["num_turns"].tolist() == [3, 3, 1, 1]
+    with pytest.raises(ValueError, match="needs rollout.multi_turn.max_assistant_turns"):
+        loop_with(max_assistant_turns=None).run(engine, req)

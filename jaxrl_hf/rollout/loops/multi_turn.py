@@ -116,6 +116,7 @@ class MultiTurnLoop(RolloutLoop):
             raise RuntimeError("multi_turn loop: setup(rollout_config, tokenizer) was not called")
         budget, n = request.sampling.max_new_tokens, request.n
         rows = [Trajectory(list(p)) for p in request.prompt_token_lists() for _ in range(n)]
+        prompt_lengths = [len(t.context) for t in rows]
         lockstep = bool(getattr(engine, "multi_process", False))  # every process must call generate as often
         if lockstep and self.max_turns is None:
             raise ValueError("multi_turn loop over several processes needs rollout.multi_turn.max_assistant_turns")
@@ -126,11 +127,14 @@ class MultiTurnLoop(RolloutLoop):
                 break
             if turn == 0:
                 picked, out = list(range(len(rows))), engine.generate(request.prompt_token_lists(), request.sampling)
-            else:
+            else:  # in lockstep: every row (finished ones as their prompt, ignored) and the full budget, so all
+                # processes run the same program
                 picked = list(range(len(rows))) if lockstep else live
                 longest = max((budget - len(rows[i].tokens) for i in live), default=1)
-                sampling = follow_up_sampling(request.sampling, turn, max_new_tokens=_turn_budget(longest, budget))
-                out = engine.generate([rows[i].context for i in picked], sampling)
+                max_new = budget if lockstep else _turn_budget(longest, budget)
+                contexts = [rows[i].context if not rows[i].done else rows[i].context[:prompt_lengths[i]]
+                            for i in picked]
+                out = engine.generate(contexts, follow_up_sampling(request.sampling, turn, max_new_tokens=max_new))
             pending = []
             for k, i in enumerate(picked):
                 calls = self._take_turn(rows[i], out, k, budget, engine.eos_token_ids, last=turn + 1 >= max_turns)
