@@ -227,6 +227,8 @@ def test_config_keys_and_errors(tmp_path):
         load_config("grpo", preset="smoke", overrides=["rollout.multi_turn.max_assistant_turns=0"])
     bad = tmp_path / "tools.yaml"
     bad.write_text("tools:\n  - class_name: verl.tools.gsm8k_tool.Gsm8kTool\n")
+    with pytest.raises(ConfigError, match=r"multi_turn\.tool_config_path.*tools\[0\]: class_name 'verl\.tools"):
+        load_config("grpo", preset="smoke", overrides=[f"rollout.multi_turn.tool_config_path={bad}"])
     with pytest.raises(ValueError, match=r"tool_config_path: .*tools\[0\]: class_name 'verl.tools.gsm8k_tool.Gsm8kTool'"):
         loop_with(tool_config_path=str(bad))
     with pytest.raises(RuntimeError, match="setup"):

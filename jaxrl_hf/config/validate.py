@@ -219,8 +219,13 @@ def check_actor(config: RunConfig) -> None:
     _positive("rollout.multi_turn.max_tool_response_length", mt.max_tool_response_length)
     if mt.format != "hermes":
         _fail("rollout.multi_turn.format", mt.format, "only 'hermes' (<tool_call>{json}</tool_call>) is supported")
-    if mt.tool_config_path is not None and not os.path.isfile(mt.tool_config_path):
-        _fail("rollout.multi_turn.tool_config_path", mt.tool_config_path, "no such file")
+    if mt.tool_config_path is not None:  # the tools are built here once, so a bad entry fails before any worker
+        from jaxrl_hf.agent import load_tool_config
+
+        try:
+            load_tool_config(mt.tool_config_path)
+        except ValueError as err:
+            _fail("rollout.multi_turn.tool_config_path", mt.tool_config_path, str(err))
 
 
 def check_data_and_rewards(config: RunConfig) -> None:
