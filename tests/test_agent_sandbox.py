@@ -84,6 +84,8 @@ def test_network_is_refused(code):
     "import os; os.system('touch /tmp/x')", "import subprocess; subprocess.run(['true'])", "import os; os.fork()",
     "import os; os.execv('/bin/true', ['true'])", "import ctypes; ctypes.CDLL(None)",
     "import resource; resource.setrlimit(resource.RLIMIT_CPU, (100, 100))", "import os; os.kill(1, 9)",
+    "import _posixsubprocess", "import multiprocessing as m; m.set_start_method('spawn'); m.Process(target=print).start()",
+    "import os; os.forkpty()", "import os; os.posix_spawn('/bin/true', ['true'], {})",
 ])
 def test_processes_native_calls_and_limit_changes_are_refused(code):
     text, ok, _ = run(code)

@@ -37,10 +37,14 @@ def paths_of(args):
         if isinstance(arg, (str, bytes, os.PathLike)):
             yield os.fsdecode(arg)
 
-def hook(event, args, _inside=inside, _blocked=BLOCKED_PREFIXES, _writes=WRITE_EVENTS, _reads=READ_EVENTS,
-         _scratch=(SCRATCH,), _readable=(SCRATCH,) + READABLE, _write=WRITE_FLAGS):
+BLOCKED_MODULES = frozenset({"_posixsubprocess"})  # fork_exec raises no audit event (subprocess, multiprocessing)
+
+def hook(event, args, _inside=inside, _blocked=BLOCKED_PREFIXES, _modules=BLOCKED_MODULES, _writes=WRITE_EVENTS,
+         _reads=READ_EVENTS, _scratch=(SCRATCH,), _readable=(SCRATCH,) + READABLE, _write=WRITE_FLAGS):
     if event.startswith(_blocked):
         raise PermissionError(f"sandbox: {event} is not allowed (no network, no processes, no native calls)")
+    if event == "import" and args[0] in _modules:
+        raise PermissionError(f"sandbox: import of {args[0]} is not allowed (it starts processes unaudited)")
     if event == "open":
         path, mode, flags = args
         if not isinstance(path, (str, bytes, os.PathLike)):
