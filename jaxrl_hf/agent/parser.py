@@ -51,7 +51,8 @@ def _parse_one(body: str) -> ToolCall | ToolCallError:
         except json.JSONDecodeError:
             return ToolCallError(f"arguments of {value['name']!r} are a string that is not a JSON object", text)
     if not isinstance(arguments, dict):
-        return ToolCallError(f"arguments of {value['name']!r} must be a JSON object, got {type(arguments).__name__}", text)
+        kind = type(arguments).__name__
+        return ToolCallError(f"arguments of {value['name']!r} must be a JSON object, got {kind}", text)
     return ToolCall(value["name"], arguments)
 
 

@@ -55,8 +55,8 @@ def run_mode(mode: str, rows: list[dict], lm, engine, args) -> dict:
     loop.setup(SimpleNamespace(multi_turn=MultiTurnConfig(enable=True, max_assistant_turns=args.turns)), lm.tokenizer)
     batch = Batch.from_dict({"prompts": prompts, "prompt_mask": mask})
     start = time.perf_counter()
-    out = loop.run(engine, RolloutRequest(batch.arrays, batch.objects,
-                                          SamplingParams(n=args.n, max_new_tokens=args.response_length, seed=args.seed)))
+    sampling = SamplingParams(n=args.n, max_new_tokens=args.response_length, seed=args.seed)
+    out = loop.run(engine, RolloutRequest(batch.arrays, batch.objects, sampling))
     seconds = time.perf_counter() - start
     a = out.arrays
     attended = a["attention_mask"][:, -args.response_length:] > 0
@@ -64,9 +64,10 @@ def run_mode(mode: str, rows: list[dict], lm, engine, args) -> dict:
     acc = [default_compute_score("calculator", t, rows[i // args.n]["reward_model"]["ground_truth"])
            for i, t in enumerate(texts)]
     calls = a.get("num_tool_calls", np.zeros(len(texts)))
-    return {"mode": mode, "prompt_tokens": width, "acc": float(np.mean(acc)), "tool_calls_per_sample": float(np.mean(calls)),
-            "tool_errors": int(np.sum(a.get("num_tool_errors", 0))), "model_tokens_mean": float(a["response_mask"].sum(1).mean()),
-            "seconds": round(seconds, 1), "example": texts[0][:300]}
+    return {"mode": mode, "prompt_tokens": width, "acc": float(np.mean(acc)),
+            "tool_calls_per_sample": float(np.mean(calls)), "tool_errors": int(np.sum(a.get("num_tool_errors", 0))),
+            "model_tokens_mean": float(a["response_mask"].sum(1).mean()), "seconds": round(seconds, 1),
+            "example": texts[0][:300]}
 
 
 def main() -> None:
@@ -82,7 +83,8 @@ def main() -> None:
     lm = load_pretrained(args.model)
     eos = (lm.tokenizer.eos_token_id,)
     engine = JaxGenerationEngine(lm.config, lm.params, pad_token_id=lm.tokenizer.pad_token_id or eos[0],
-                                 eos_token_ids=eos, length_buckets=(256, 512, 1024), batch_buckets=(args.prompts * args.n,))
+                                 eos_token_ids=eos, length_buckets=(256, 512, 1024),
+                                 batch_buckets=(args.prompts * args.n,))
     rows = generate_calculator(args.prompts, seed=0, split="test")
     results = [run_mode(mode, rows, lm, engine, args) for mode in ("no_tool", "tool_zero_shot", "tool_one_shot")]
     print(f"{'mode':<16}{'prompt tok':>11}{'acc':>7}{'calls/sample':>14}{'tool errors':>13}{'model tok':>11}{'s':>7}")
