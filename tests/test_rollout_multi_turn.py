@@ -152,6 +152,8 @@ def test_turn_limit_and_length_budget_end_a_row():
     out = loop_with(max_assistant_turns=3).run(engine, request(["Compute 1 + 2."], budget=200)).arrays
     assert out["num_turns"].tolist() == [3] and out["num_tool_calls"].tolist() == [2]  # the last turn's call is not run
     assert len(engine.calls) == 3
+    out = loop_with(max_assistant_turns=5, max_user_turns=1).run(engine, request(["Compute 1 + 2."], budget=200)).arrays
+    assert out["num_turns"].tolist() == [2] and out["num_tool_calls"].tolist() == [1]  # verl: one tool round
     # a budget that ends inside the second turn: tokens stop exactly at the budget, the row's sampled part is cut
     call = len(TOK.encode(CALL % "2 ** 10")) + 1
     budget = 2 * call + 5
@@ -216,6 +218,14 @@ def assert_model_continues_after_the_tool(out, params, config, prompt_width, ato
         np.testing.assert_allclose(out["rollout_log_probs"][r, second], ref[r, second], atol=atol)
 
 
+@pytest.mark.parametrize("side, want", [("left", "0123...(truncated)"), ("right", "(truncated)...6789"),
+                                        ("middle", "01...(truncated)...89")])
+def test_tool_answers_are_truncated_like_verl(side, want):
+    from jaxrl_hf.rollout.loops.multi_turn import truncate
+
+    assert truncate("0123456789", 4, side) == want and truncate("0123", 4, side) == "0123"
+
+
 def test_config_keys_and_errors(tmp_path):
     config = load_config("grpo", preset="smoke", overrides=[
         "actor_rollout_ref.rollout.multi_turn.enable=true", "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=2"])
@@ -223,6 +233,10 @@ def test_config_keys_and_errors(tmp_path):
     assert load_config("grpo", preset="smoke").rollout.loop == "single_turn"
     with pytest.raises(ConfigError, match=r"rollout\.multi_turn\.tool_config_path.*no such file"):
         load_config("grpo", preset="smoke", overrides=["rollout.multi_turn.tool_config_path=/nonexistent.yaml"])
+    with pytest.raises(ConfigError, match=r"tool_response_truncate_side"):
+        load_config("grpo", preset="smoke", overrides=["rollout.multi_turn.tool_response_truncate_side=top"])
+    with pytest.raises(ConfigError, match=r"rollout\.multi_turn\.max_user_turns"):
+        load_config("grpo", preset="smoke", overrides=["actor_rollout_ref.rollout.multi_turn.max_user_turns=0"])
     with pytest.raises(ConfigError, match=r"rollout\.multi_turn\.max_assistant_turns"):
         load_config("grpo", preset="smoke", overrides=["rollout.multi_turn.max_assistant_turns=0"])
     bad = tmp_path / "tools.yaml"

@@ -31,8 +31,12 @@ class MultiTurnConfig:
     """verl's tool config file (YAML/JSON ``tools:`` list); null: the built-in ``calculator``."""
     max_parallel_calls: int = 1
     """Tool calls executed per turn (later ones in the same turn are ignored)."""
+    max_user_turns: Optional[int] = None
+    """Tool-answer rounds per rollout (verl's user turns; null: bounded by ``max_assistant_turns`` only)."""
     max_tool_response_length: int = 256
-    """Characters of a tool's answer kept (the rest is cut, verl's ``tool_response_truncate_side: right``)."""
+    """Characters of a tool's answer kept."""
+    tool_response_truncate_side: Literal["left", "middle", "right"] = "middle"
+    """Which part of a longer answer is kept: ``left`` its head, ``right`` its tail, ``middle`` both ends (verl)."""
     format: str = "hermes"
     """Tool-call format: ``hermes`` (Qwen's ``<tool_call>{json}</tool_call>``), the only one."""
 

@@ -215,6 +215,8 @@ def check_actor(config: RunConfig) -> None:
     mt = r.multi_turn
     if mt.max_assistant_turns is not None:
         _positive("rollout.multi_turn.max_assistant_turns", mt.max_assistant_turns)
+    if mt.max_user_turns is not None:
+        _positive("rollout.multi_turn.max_user_turns", mt.max_user_turns)
     _positive("rollout.multi_turn.max_parallel_calls", mt.max_parallel_calls)
     _positive("rollout.multi_turn.max_tool_response_length", mt.max_tool_response_length)
     if mt.format != "hermes":

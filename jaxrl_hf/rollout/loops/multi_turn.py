@@ -37,6 +37,7 @@ class Trajectory:
     mask: list[int] = dataclasses.field(default_factory=list)
     log_probs: list[float] = dataclasses.field(default_factory=list)
     turns: int = 0
+    rounds: int = 0
     calls: int = 0
     errors: int = 0
     done: bool = False
@@ -56,6 +57,17 @@ def default_tokenizer() -> Any:
     return Tokenizer.from_dir(resolve_hf_dir("smollm2-135m-instruct"))
 
 
+def truncate(text: str, limit: int, side: str) -> str:
+    """``text`` cut to ``limit`` characters keeping its head (``left``), tail (``right``) or both (``middle``)."""
+    if len(text) <= limit:
+        return text
+    if side == "left":
+        return text[:limit] + "...(truncated)"
+    if side == "right":
+        return "(truncated)..." + text[-limit:]
+    return text[: limit // 2] + "...(truncated)..." + text[len(text) - (limit - limit // 2):]
+
+
 def _turn_budget(remaining: int, limit: int) -> int:
     """``max_new_tokens`` of a turn: the largest remaining budget rounded up to a power of two (<= ``limit``),
     so the native engine compiles a handful of programs, not one per length."""
@@ -71,7 +83,8 @@ class MultiTurnLoop(RolloutLoop):
         self.tokenizer: Any = None
         self.renderer: ToolMessageRenderer | None = None
         self.max_turns: int | None = None
-        self.max_parallel_calls, self.max_tool_chars = 1, 256
+        self.max_user_turns: int | None = None
+        self.max_parallel_calls, self.max_tool_chars, self.truncate_side = 1, 256, "middle"
 
     def setup(self, rollout_config: Any, tokenizer: Any) -> None:
         mt = rollout_config.multi_turn
@@ -82,8 +95,9 @@ class MultiTurnLoop(RolloutLoop):
         self.tools = {tool.name: tool for tool in tools}
         self.tokenizer = tokenizer if tokenizer is not None else default_tokenizer()
         self.renderer = ToolMessageRenderer(self.tokenizer)
-        self.max_turns = mt.max_assistant_turns
+        self.max_turns, self.max_user_turns = mt.max_assistant_turns, mt.max_user_turns
         self.max_parallel_calls, self.max_tool_chars = int(mt.max_parallel_calls), int(mt.max_tool_response_length)
+        self.truncate_side = mt.tool_response_truncate_side
 
     # ------------------------------------------------------------------------------ tools
     def call(self, call: Any) -> tuple[str, bool]:
@@ -94,9 +108,7 @@ class MultiTurnLoop(RolloutLoop):
         if tool is None:
             return f"Error: unknown tool {call.name!r}; available: {sorted(self.tools)}", False
         text, ok = run_tool(tool, call.arguments)
-        if len(text) > self.max_tool_chars:
-            text = text[: self.max_tool_chars] + "...(truncated)"
-        return text, ok
+        return truncate(text, self.max_tool_chars, self.truncate_side), ok
 
     def _run_calls(self, pending: list[tuple[int, list[Any]]]) -> list[list[tuple[str, bool]]]:
         flat = [call for _, calls in pending for call in calls]
@@ -156,7 +168,8 @@ class MultiTurnLoop(RolloutLoop):
         row.turns += 1
         stopped = bool(ids) and ids[-1] in eos and len(ids) == int(sampled.sum())
         calls = parse_tool_calls(self.tokenizer.decode(ids, skip_special_tokens=False)) if stopped else []
-        if not calls or last or len(row.tokens) >= budget:
+        out_of_rounds = self.max_user_turns is not None and row.rounds >= self.max_user_turns
+        if not calls or last or out_of_rounds or len(row.tokens) >= budget:
             row.done = True
             return []
         return calls[: self.max_parallel_calls]
@@ -164,6 +177,7 @@ class MultiTurnLoop(RolloutLoop):
     def _observe(self, row: Trajectory, answers: list[tuple[str, bool]], budget: int) -> None:
         """Append the tool answers (``response_mask`` 0), cut to the budget; no room left ends the row."""
         row.calls += len(answers)
+        row.rounds += 1
         row.errors += sum(not ok for _, ok in answers)
         ids = self.renderer.observation_ids([text for text, _ in answers], row.tokens[-1] if row.tokens else None)
         row.extend(ids[: budget - len(row.tokens)], False)
