@@ -7,7 +7,7 @@ import json
 
 from jaxrl_hf.config import load_config
 from jaxrl_hf.data import generate_calculator, validate_row
-from jaxrl_hf.data.calculator import MIN_PROMPT_TOKENS, PLAIN_INSTRUCTIONS
+from jaxrl_hf.data.calculator import MIN_PROMPT_TOKENS, ONE_SHOT_EXAMPLE, PLAIN_INSTRUCTIONS
 from jaxrl_hf.rewards import default_compute_score
 from jaxrl_hf.trainer.data import load_split, load_tokenizer
 
@@ -49,3 +49,12 @@ def test_trainer_prompts_carry_the_tool_schema_only_with_the_agent_loop():
     assert json.loads(system.split("<tools>\n")[1].split("\n</tools>")[0])["function"]["name"] == "calculator"
     assert plain_rows[0]["prompt"][0]["content"] == PLAIN_INSTRUCTIONS
     assert [r["prompt"][1:] for r in agent_rows] == [r["prompt"][1:] for r in plain_rows]  # the same problems
+    # data.calculator_one_shot: a worked exchange between the system prompt and the problem, agent loop only
+    shot = ["data.calculator_one_shot=true", "data.max_prompt_length=448"]
+    one_shot = load_split(load_config("grpo", preset="smoke", overrides=[*base, *shot, "rollout.multi_turn.enable=true"]),
+                          "train", tokenizer)["calculator"]
+    assert [r["prompt"][0] for r in one_shot] == [r["prompt"][0] for r in agent_rows]
+    assert [r["prompt"][1:5] for r in one_shot] == [list(ONE_SHOT_EXAMPLE)] * 16
+    assert [r["prompt"][5:] for r in one_shot] == [r["prompt"][1:] for r in agent_rows]
+    unchanged = load_split(load_config("grpo", preset="smoke", overrides=[*base, *shot]), "train", tokenizer)
+    assert unchanged["calculator"] == plain_rows

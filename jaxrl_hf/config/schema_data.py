@@ -51,6 +51,9 @@ class DataConfig:
     sampler: Literal["random", "sequential", "curriculum"] = "random"
     seed: int = 0
     arithmetic: ArithmeticDataConfig = field(default_factory=ArithmeticDataConfig)
+    calculator_one_shot: bool = False
+    """``calculator`` prompts with the agent loop on: add one worked tool-call exchange before the problem
+    (SmolLM2-135M calls the tool only with it; docs/AGENT.md)."""
 
 
 # --------------------------------------------------------------------------------------------- actor

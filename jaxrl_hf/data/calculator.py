@@ -18,13 +18,26 @@ PLAIN_INSTRUCTIONS = "You are a careful assistant. End your reply with the final
 TEMPLATE = "Compute {expression}."
 CALCULATOR_PROBLEMS = ArithmeticConfig(min_digits=4, max_digits=6, operators=("+", "*"), num_operands=2,
                                        template=TEMPLATE)
+ONE_SHOT_EXAMPLE = (
+    {"role": "user", "content": "Compute 1234 * 5678."},
+    {"role": "assistant", "content": '<tool_call>\n{"name": "calculator", "arguments": {"expression": "1234 * 5678"}}'
+                                     '\n</tool_call>'},
+    {"role": "tool", "content": "7006652"},
+    {"role": "assistant", "content": "Answer: 7006652"},
+)
+"""One worked exchange (user -> tool call -> tool answer -> answer), put between the system prompt and the problem."""
 MIN_PROMPT_TOKENS = 320
 """``data.max_prompt_length`` that fits these prompts with the tool schema (SmolLM2's template: ~250 tokens)."""
 
 
 def generate_calculator(n: int, seed: int, *, system_prompt: str | None = None, split: str = "train",
-                        config: ArithmeticConfig = CALCULATOR_PROBLEMS) -> list[dict]:
+                        config: ArithmeticConfig = CALCULATOR_PROBLEMS, one_shot: bool = False) -> list[dict]:
     """``n`` rows (``data_source='calculator'``), reproducible from ``seed``, with ``system_prompt`` (default:
-    `PLAIN_INSTRUCTIONS`, no tool: the no-tool baseline)."""
-    return generate_arithmetic(n, seed, config, split=split, data_source=DATA_SOURCE,
+    `PLAIN_INSTRUCTIONS`, no tool: the no-tool baseline) and, if ``one_shot``, `ONE_SHOT_EXAMPLE` after it
+    (about 90 more tokens)."""
+    rows = generate_arithmetic(n, seed, config, split=split, data_source=DATA_SOURCE,
                                system_prompt=system_prompt or PLAIN_INSTRUCTIONS)
+    if one_shot:
+        for row in rows:
+            row["prompt"] = [row["prompt"][0], *(dict(m) for m in ONE_SHOT_EXAMPLE), *row["prompt"][1:]]
+    return rows

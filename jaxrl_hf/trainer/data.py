@@ -50,7 +50,7 @@ def _builtin_rows(name: str, config: RunConfig, split: str, limit: int) -> list[
         agent = config.rollout.loop == "multi_turn"
         prompt = tools_system_prompt([get_tool("calculator").schema], TOOL_INSTRUCTIONS) if agent else None
         return generate_calculator(d.train_size if split == "train" else limit, seed=d.seed, system_prompt=prompt,
-                                   split="train" if split == "train" else "test")
+                                   split="train" if split == "train" else "test", one_shot=agent and d.calculator_one_shot)
     if name == "gsm8k":
         file = "train.jsonl" if split == "train" else "test.jsonl"
         rows = gsm8k_data.to_rows(os.path.join(d.gsm8k_dir, file), split="train" if split == "train" else "test")

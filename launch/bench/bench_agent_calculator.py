@@ -24,23 +24,17 @@ from jaxrl_hf.agent import get_tool
 from jaxrl_hf.agent.chat import tools_system_prompt
 from jaxrl_hf.config.schema_rollout import MultiTurnConfig
 from jaxrl_hf.controller import Batch
-from jaxrl_hf.data.calculator import TOOL_INSTRUCTIONS, generate_calculator
+from jaxrl_hf.data.calculator import ONE_SHOT_EXAMPLE, TOOL_INSTRUCTIONS, generate_calculator
 from jaxrl_hf.models import load_pretrained
 from jaxrl_hf.rewards import default_compute_score
 from jaxrl_hf.rollout import JaxGenerationEngine, SamplingParams
 from jaxrl_hf.rollout.loops import RolloutRequest, make_rollout_loop
 
-EXAMPLE = [{"role": "user", "content": "Compute 1234 * 5678."},
-           {"role": "assistant", "content": '<tool_call>\n{"name": "calculator", "arguments": {"expression": '
-                                            '"1234 * 5678"}}\n</tool_call>'},
-           {"role": "tool", "content": "7006652"}, {"role": "assistant", "content": "Answer: 7006652"}]
-
-
 def conversations(rows: list[dict], mode: str) -> list[list[dict]]:
     if mode == "no_tool":
         return [row["prompt"] for row in rows]
     system = {"role": "system", "content": tools_system_prompt([get_tool("calculator").schema], TOOL_INSTRUCTIONS)}
-    shots = EXAMPLE if mode == "tool_one_shot" else []
+    shots = list(ONE_SHOT_EXAMPLE) if mode == "tool_one_shot" else []
     return [[system, *shots, *row["prompt"][1:]] for row in rows]
 
 
