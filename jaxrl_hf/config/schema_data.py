@@ -20,13 +20,13 @@ class ArithmeticDataConfig:
 
 @dataclass
 class DataConfig:
-    """Prompts. ``train_files`` / ``val_files``: ``"arithmetic"`` (generated), ``"gsm8k"`` (the bundled
+    """Prompts. ``train_files`` / ``val_files``: ``"arithmetic"`` / ``"calculator"`` (generated), ``"gsm8k"`` (the bundled
     GSM8K split) or a list of parquet/jsonl paths in verl's schema."""
 
     train_files: list[str] = field(default_factory=lambda: ["arithmetic"])
     val_files: list[str] = field(default_factory=lambda: ["arithmetic", "gsm8k"])
     train_size: int = 4096
-    """Rows generated for ``arithmetic`` training data (ignored for files)."""
+    """Rows generated for ``arithmetic`` / ``calculator`` training data (ignored for files)."""
     val_size: int = 32
     """Rows per validation source (first N of each; 0 = all)."""
     val_size_per_source: dict[str, int] = field(default_factory=lambda: {"gsm8k": 16})

@@ -236,14 +236,14 @@ def check_data_and_rewards(config: RunConfig) -> None:
     _positive("data.max_prompt_length", d.max_prompt_length)
     _positive("data.max_response_length", d.max_response_length)
     if not d.train_files:
-        _fail("data.train_files", d.train_files, "needs at least one dataset ('arithmetic', 'gsm8k' or a file)")
+        _fail("data.train_files", d.train_files, "needs at least one dataset ('arithmetic', 'calculator', 'gsm8k' or a file)")
     for key, files in (("data.train_files", d.train_files), ("data.val_files", d.val_files), ("data.ptx_files", d.ptx_files)):
         for name in files:
             if name not in BUILTIN_DATASETS and not os.path.isfile(name):
                 _fail(key, name, f"not a built-in dataset {list(BUILTIN_DATASETS)} and no such file")
     if ("gsm8k" in d.train_files + d.val_files + d.ptx_files) and not os.path.isdir(d.gsm8k_dir):
         _fail("data.gsm8k_dir", d.gsm8k_dir, "no such directory (needed for the 'gsm8k' dataset)")
-    if d.train_size < d.train_batch_size and "arithmetic" in d.train_files:
+    if d.train_size < d.train_batch_size and {"arithmetic", "calculator"} & set(d.train_files):
         _fail("data.train_size", d.train_size, f"fewer rows than one batch (data.train_batch_size={d.train_batch_size})")
     if d.val_size < 0:
         _fail("data.val_size", d.val_size, "must be >= 0 (0 = all rows)")
