@@ -20,8 +20,8 @@ class ArithmeticDataConfig:
 
 @dataclass
 class DataConfig:
-    """Prompts. ``train_files`` / ``val_files``: ``"arithmetic"`` / ``"calculator"`` (generated), ``"gsm8k"`` (the bundled
-    GSM8K split) or a list of parquet/jsonl paths in verl's schema."""
+    """Prompts. ``train_files`` / ``val_files``: ``"arithmetic"`` / ``"calculator"`` (generated), ``"gsm8k"``
+    (the bundled GSM8K split) or a list of parquet/jsonl paths in verl's schema."""
 
     train_files: list[str] = field(default_factory=lambda: ["arithmetic"])
     val_files: list[str] = field(default_factory=lambda: ["arithmetic", "gsm8k"])
