@@ -22,7 +22,7 @@ after another in this process (``jaxrl_hf.trainer.run``), into ``OUT/<row>/seed<
 validation accuracy per data source (``val-core/<source>/acc/mean@N`` of the last ``validation.jsonl``
 record). Writes ``OUT/ablation.json`` (every run, and per row the mean and std over seeds) and
 ``OUT/ablation.png`` (mean ± std per row and data source) and ``OUT/curves.png`` (per row, the seed-mean of
-``actor/entropy`` and ``response_length/mean`` against the training step). Exit status: 0; 1 if a run failed; 2 for a
+``actor/entropy``, ``response_length/mean`` and ``actor/pg_clipfrac`` against the training step). Exit status: 0; 1 if a run failed; 2 for a
 bad configuration.
 """
 
@@ -94,7 +94,7 @@ def summarize(rows: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
     return out
 
 
-CURVE_KEYS = ("actor/entropy", "response_length/mean")
+CURVE_KEYS = ("actor/entropy", "response_length/mean", "actor/pg_clipfrac")
 
 
 def metric_curve(run_dir: str, key: str) -> dict[int, float]:
@@ -120,7 +120,7 @@ def plot_curves(summary: list[dict[str, Any]], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(CURVE_KEYS), figsize=(6 * len(CURVE_KEYS), 4))
+    fig, axes = plt.subplots(1, len(CURVE_KEYS), figsize=(4.5 * len(CURVE_KEYS), 3.5))
     for ax, key in zip(axes, CURVE_KEYS):
         for row in summary:
             steps, values = mean_curve([metric_curve(r["run_dir"], key) for r in row["runs"]])
