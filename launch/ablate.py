@@ -22,8 +22,8 @@ after another in this process (``jaxrl_hf.trainer.run``), into ``OUT/<row>/seed<
 validation accuracy per data source (``val-core/<source>/acc/mean@N`` of the last ``validation.jsonl``
 record). Writes ``OUT/ablation.json`` (every run, and per row the mean and std over seeds) and
 ``OUT/ablation.png`` (mean ± std per row and data source) and ``OUT/curves.png`` (per row, the seed-mean of
-``actor/entropy``, ``response_length/mean`` and ``actor/pg_clipfrac`` against the training step). Exit status: 0; 1 if a run failed; 2 for a
-bad configuration.
+``actor/entropy``, ``response_length/mean`` and ``actor/pg_clipfrac`` against the training step). Exit status:
+0; 1 if a run failed; 2 for a bad configuration.
 """
 
 from __future__ import annotations
