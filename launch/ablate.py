@@ -18,7 +18,8 @@ row                                   adds
 
 Every row runs with ``--seeds`` seeds (seed s sets ``rollout.seed``, ``data.seed`` and ``trainer.seed``), one run
 after another in this process (``jaxrl_hf.trainer.run``), into ``OUT/<row>/seed<s>``; a run whose
-``metrics.jsonl`` already reaches ``trainer.total_steps`` is not run again. The score of a run is its final
+``metrics.jsonl`` already reaches ``trainer.total_steps`` is not run again (``--no-run``: none is run, and the
+summary covers the finished runs only). The score of a run is its final
 validation accuracy per data source (``val-core/<source>/acc/mean@N`` of the last ``validation.jsonl``
 record). Writes ``OUT/ablation.json`` (every run, and per row the mean and std over seeds) and
 ``OUT/ablation.png`` (mean ± std per row and data source) and ``OUT/curves.png`` (per row, the seed-mean of
@@ -165,6 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--preset", default=None, help="preset(s) for every run, as in launch/train.py")
     parser.add_argument("--rows", default=None, help=f"comma-separated subset of {[name for name, _ in ROWS]}")
     parser.add_argument("--out", default="runs/ablation", help="output directory")
+    parser.add_argument("--no-run", action="store_true",
+                        help="run nothing: summarize only the finished runs in OUT (a cut-off ablation's results)")
     parser.add_argument("overrides", nargs="*", help="dotted config overrides applied to every row")
     args = parser.parse_args(argv)
     table = row_overrides()
@@ -188,6 +191,8 @@ def main(argv: list[str] | None = None) -> int:
             except ConfigError as err:
                 print(f"ablation: config error in row {name}: {err}", file=sys.stderr)
                 return 2
+            if args.no_run and last_step(run_dir) < total:
+                continue
             status = 0 if last_step(run_dir) >= total else run("dapo", preset=args.preset, overrides=overrides)
             failed |= status != 0
             results.setdefault(name, []).append({"seed": seed, "run_dir": run_dir, "status": status,
