@@ -18,12 +18,13 @@ row                                   adds
 
 Every row runs with ``--seeds`` seeds (seed s sets ``rollout.seed``, ``data.seed`` and ``trainer.seed``), one run
 after another in this process (``jaxrl_hf.trainer.run``), into ``OUT/<row>/seed<s>``; a run whose
-``metrics.jsonl`` already reaches ``trainer.total_steps`` is not run again. The score of a run is its final
+``metrics.jsonl`` already reaches ``trainer.total_steps`` is not run again (``--no-run``: none is run, and the
+summary covers the finished runs only). The score of a run is its final
 validation accuracy per data source (``val-core/<source>/acc/mean@N`` of the last ``validation.jsonl``
 record). Writes ``OUT/ablation.json`` (every run, and per row the mean and std over seeds) and
 ``OUT/ablation.png`` (mean ± std per row and data source) and ``OUT/curves.png`` (per row, the seed-mean of
-``actor/entropy`` and ``response_length/mean`` against the training step). Exit status: 0; 1 if a run failed; 2 for a
-bad configuration.
+``actor/entropy``, ``response_length/mean`` and ``actor/pg_clipfrac`` against the training step). Exit status:
+0; 1 if a run failed; 2 for a bad configuration.
 """
 
 from __future__ import annotations
@@ -94,7 +95,7 @@ def summarize(rows: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
     return out
 
 
-CURVE_KEYS = ("actor/entropy", "response_length/mean")
+CURVE_KEYS = ("actor/entropy", "response_length/mean", "actor/pg_clipfrac")
 
 
 def metric_curve(run_dir: str, key: str) -> dict[int, float]:
@@ -120,7 +121,7 @@ def plot_curves(summary: list[dict[str, Any]], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(CURVE_KEYS), figsize=(6 * len(CURVE_KEYS), 4))
+    fig, axes = plt.subplots(1, len(CURVE_KEYS), figsize=(4.5 * len(CURVE_KEYS), 3.5))
     for ax, key in zip(axes, CURVE_KEYS):
         for row in summary:
             steps, values = mean_curve([metric_curve(r["run_dir"], key) for r in row["runs"]])
@@ -165,6 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--preset", default=None, help="preset(s) for every run, as in launch/train.py")
     parser.add_argument("--rows", default=None, help=f"comma-separated subset of {[name for name, _ in ROWS]}")
     parser.add_argument("--out", default="runs/ablation", help="output directory")
+    parser.add_argument("--no-run", action="store_true",
+                        help="run nothing: summarize only the finished runs in OUT (a cut-off ablation's results)")
     parser.add_argument("overrides", nargs="*", help="dotted config overrides applied to every row")
     args = parser.parse_args(argv)
     table = row_overrides()
@@ -188,6 +191,8 @@ def main(argv: list[str] | None = None) -> int:
             except ConfigError as err:
                 print(f"ablation: config error in row {name}: {err}", file=sys.stderr)
                 return 2
+            if args.no_run and last_step(run_dir) < total:
+                continue
             status = 0 if last_step(run_dir) >= total else run("dapo", preset=args.preset, overrides=overrides)
             failed |= status != 0
             results.setdefault(name, []).append({"seed": seed, "run_dir": run_dir, "status": status,

@@ -76,3 +76,18 @@ def test_summary_json_and_png(tmp_path):
     module.plot_curves(summary, str(tmp_path / "curves.png"))
     for name in ("ablation.png", "curves.png"):
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_no_run_summarizes_only_the_finished_runs(tmp_path):
+    """``--no-run``: the summary of a cut-off ablation covers the runs whose metrics reach total_steps, no others."""
+    for seed, steps, acc in ((0, 3, 0.25), (1, 2, 0.75)):  # seed 1 stopped at step 2 of 3
+        run_dir = tmp_path / "naive_grpo" / f"seed{seed}"
+        run_dir.mkdir(parents=True)
+        (run_dir / "metrics.jsonl").write_text("\n".join(json.dumps({"step": t, "actor/entropy": 1.0})
+                                                         for t in range(1, steps + 1)))
+        (run_dir / "validation.jsonl").write_text(json.dumps({"step": steps, "val-core/arithmetic/acc/mean@4": acc}))
+    assert ablate().main(["--no-run", "--seeds", "3", "--rows", "naive_grpo", "--out", str(tmp_path),
+                          "trainer.total_steps=3"]) == 0
+    (row,) = json.loads((tmp_path / "ablation.json").read_text())["rows"]
+    assert [r["seed"] for r in row["runs"]] == [0] and row["mean"] == {"arithmetic": 0.25}
+    assert not (tmp_path / "naive_grpo" / "seed2").exists()

@@ -49,7 +49,8 @@ def test_overrides_are_coerced_to_field_types():
 
 def test_verl_aliases_map_to_sections():
     cfg = load_config("dapo", overrides=["actor_rollout_ref.actor.clip_ratio_high=0.3",
-                                         "actor_rollout_ref.rollout.n=2", "trainer.total_training_steps=7"])
+                                         "actor_rollout_ref.rollout.n=2", "trainer.total_training_steps=7",
+                                         "actor_rollout_ref.actor.ppo_micro_batch_size_per_device=2"])
     assert cfg.actor.clip_ratio_high == 0.3 and cfg.rollout.n == 2 and cfg.trainer.total_steps == 7
     assert cfg.actor.optim.total_steps == 7  # derived default follows
 
@@ -118,7 +119,7 @@ def test_bad_overrides_name_the_key(override, fragments):
     (["placement.devices_per_process=2", "placement.train.dp=2", "actor.ppo_mini_batch_size=1", "rollout.n=3"],
      ["3 sequences must split evenly over placement.train.dp=2"]),
     (["placement.devices_per_process=4", "placement.train.dp=2"], ["pp*tp*dp=2", "devices_per_process=4"]),
-    (["rollout.n=1"], ["rollout.n'=1", "grpo", "n >= 2"]),
+    (["rollout.n=1", "actor.ppo_micro_batch_size_per_device=1"], ["rollout.n'=1", "grpo", "n >= 2"]),
     (["reward_model.overlong_buffer.len=500"], ["overlong_buffer.len'=500", "max_response_length=32"]),
     (["trainer.resume_mode=resume_path"], ["trainer.resume_from_path", "resume_path"]),
     (["data.train_files=[/nope/x.parquet]"], ["data.train_files", "/nope/x.parquet", "no such file"]),

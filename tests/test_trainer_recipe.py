@@ -266,3 +266,20 @@ def test_configs_name_only_test_files_that_exist():
         named.update(re.findall(r"tests/[\w/]+\.py", open(path).read()))
     missing = sorted(p for p in named if not os.path.isfile(os.path.join(REPO, p)))
     assert not missing, f"configs name test files that do not exist: {missing}"
+
+
+def test_default_dapo_config_makes_several_updates_per_step():
+    """The embedded default (``--algo dapo``) splits each step's batch into several mini-batches, so all but the
+    first update see a ratio π/π_old ≠ 1 and clip-higher can act (one update per step: pg_clipfrac ≡ 0)."""
+    from jaxrl_hf.workers.minibatch import MiniBatchPlan
+
+    config = load_config("dapo")
+    actor, n = config.actor, config.rollout.n
+    processes = config.placement.num_processes or 1
+    plan = MiniBatchPlan.build(config.data.train_batch_size * n // processes,
+                               mini_batch_prompts=actor.ppo_mini_batch_size, samples_per_prompt=n,
+                               micro_per_device=actor.ppo_micro_batch_size_per_device,
+                               dp_devices=processes * config.placement.devices_per_process,
+                               dp_processes=processes, epochs=actor.ppo_epochs)
+    assert plan.num_minibatches * plan.epochs > 1, (plan, "optimizer updates per step")
+    assert actor.clip_ratio_high > actor.clip_ratio_low
