@@ -65,6 +65,8 @@ def test_resume_after_checkpoint_logs_the_same_metrics(tmp_path):
     assert [r["step"] for r in full] == [1, 2, 3]
     for key in REQUIRED:
         assert key in full[-1], f"metrics.jsonl lacks {key}"
+    for rec in full:  # MFU every step, against the peak the actor measured at start (none is configured)
+        assert 0 < rec["perf/mfu/actor"] < 1 and rec["perf/peak_flops_per_device"] > 1e6, rec
     killed = tmp_path / "killed"
     shutil.copytree(tmp_path / "full", killed)
     ckpts = killed / "checkpoints"

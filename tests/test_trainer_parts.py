@@ -178,11 +178,22 @@ def test_metric_logger_truncates_on_resume(tmp_path):
     assert not os.path.exists(tmp_path / "metrics.jsonl")
 
 
-def test_mfu_is_six_n_tokens_over_time_and_peak():
+def test_mfu_counts_weights_and_causal_attention_over_real_tokens():
+    """perf/mfu/actor against a float64 count, token by token: 6·N per token plus, per layer, 2·a FLOPs for QKᵀ and
+    2·a for AV per key a token attends to, ×3 for forward + backward; padding counts nothing."""
     from jaxrl_hf.trainer.metrics import mfu_metric
 
-    batch = Batch.from_dict({"attention_mask": np.ones((4, 10), np.int32)})
-    m = mfu_metric(batch, {"update_actor": 2.0}, num_params=1_000_000, ppo_epochs=2, num_devices=2,
-                   peak_flops_per_device=1e9)
-    assert m["perf/mfu/actor"] == pytest.approx(6 * 1e6 * 40 * 2 / (2.0 * 2 * 1e9))
-    assert mfu_metric(batch, {"update_actor": 2.0}, 1_000_000, 1, 1, None) == {}
+    mask = np.zeros((3, 10), np.int32)
+    mask[0, :10], mask[1, 2:9], mask[2, 5:6] = 1, 1, 1  # 10, 7 and 1 real tokens, left and right padding
+    n, layers, a, epochs, devices, peak, seconds = 1_000_000, 4, 64, 2, 2, 1e9, 2.0
+    expected = 0.0
+    for length in (10, 7, 1):
+        for position in range(1, length + 1):  # the token at `position` attends to `position` keys
+            expected += 3 * (2 * n + layers * (2 * a * position + 2 * a * position))
+    expected *= epochs
+    info = {"model_params": n, "num_layers": layers, "attn_dim": a, "peak_flops_per_device": peak}
+    m = mfu_metric(Batch.from_dict({"attention_mask": mask}), {"update_actor": seconds}, info, epochs, devices)
+    assert m["perf/mfu/actor"] == pytest.approx(expected / (seconds * devices * peak), rel=1e-12)
+    assert m["perf/peak_flops_per_device"] == peak
+    assert mfu_metric(Batch.from_dict({"attention_mask": mask}), {"update_actor": seconds},
+                      {**info, "peak_flops_per_device": None}, 1, 1) == {}

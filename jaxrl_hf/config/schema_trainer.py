@@ -33,6 +33,9 @@ class TrainerConfig:
     balance_batch: bool = True
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl", "tensorboard"])
     progress_bar: bool = True
+    progress_interval_s: float = 30.0
+    """While one stage (starting the workers, a validation, a step's generation or update, XLA compiling) runs
+    longer than this, print what it is every this many seconds (``trainer/progress.py``); 0: never."""
     export_hf: bool = False
     """Write the final actor as an HF safetensors directory to ``run_dir/hf_actor``."""
     ray_init_timeout_s: float = 180.0
@@ -49,7 +52,8 @@ class TrainerConfig:
     at start (``launch/doctor.py``); ``cpu``: XLA host devices, also where GPUs exist; ``auto``: GPUs when the
     Ray cluster has any."""
     peak_flops_per_device: Optional[float] = None
-    """Peak FLOP/s of one device, for ``perf/mfu/actor`` (e.g. 989e12 for an H100 in bf16); null: not logged."""
+    """Peak FLOP/s of one device, for ``perf/mfu/actor`` (e.g. 989e12 for an H100 in bf16); null: measured by the
+    actor at start (a short matmul calibration, cached per machine: ``workers/peak_flops.py``)."""
     max_staleness: int = 0
     """Asynchronous training: how many actor updates old the rollout's weights may be when its batch is trained
     on. 0: synchronous (generate, then train; the default). k > 0 puts generation on a rollout group of its own

@@ -12,10 +12,12 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 
 from jaxrl_hf.controller import Batch
+from jaxrl_hf.trainer import progress
 
 
 def _stats(prefix: str, values: np.ndarray) -> dict[str, float]:
@@ -83,16 +85,33 @@ def throughput_metrics(batch: Batch, timings: dict[str, float], num_devices: int
     return out
 
 
-def mfu_metric(batch: Batch, timings: dict[str, float], num_params: int, ppo_epochs: int, num_devices: int,
-               peak_flops_per_device: float | None) -> dict[str, float]:
-    """``perf/mfu/actor``: model FLOPs of the actor update (6·N per token per epoch, Kaplan et al. 2020) over
-    the update's wall time × the devices' peak FLOP/s."""
-    seconds = timings.get("update_actor", 0.0)
-    if not peak_flops_per_device or not num_params or seconds <= 0:
+def actor_update_flops(seq_lens: np.ndarray, num_params: int, num_layers: int, attn_dim: int,
+                       epochs: int) -> float:
+    """Model FLOPs of ``epochs`` passes (forward + backward) over sequences of ``seq_lens`` real tokens:
+
+        epochs · Σ_s (6·N·s + 6·L·a·s·(s+1))
+
+    6·N per token for the dense weights (Kaplan et al. 2020), plus causal attention: the token at position i
+    attends to i keys, so QKᵀ and AV cost 2·a·i FLOPs each per layer forward (a = heads × head_dim), summing to
+    2·a·s·(s+1) over a row, tripled for the backward (PaLM's 12·L·a per token and key, under the causal mask).
+    Padding counts nothing."""
+    s = np.asarray(seq_lens, np.float64)
+    return float(epochs) * float(6.0 * num_params * s.sum() + 6.0 * num_layers * attn_dim * (s * (s + 1)).sum())
+
+
+def mfu_metric(batch: Batch, timings: dict[str, float], actor_info: dict[str, Any], ppo_epochs: int,
+               num_devices: int) -> dict[str, float]:
+    """``perf/mfu/actor``: model FLOPs of the actor update (``actor_update_flops`` over the real tokens of each
+    row) over the update's wall time × the devices' peak FLOP/s; ``perf/peak_flops_per_device``: that peak
+    (``trainer.peak_flops_per_device``, else measured by the actor at start: ``workers/peak_flops.py``)."""
+    seconds, peak = timings.get("update_actor", 0.0), actor_info.get("peak_flops_per_device") or 0.0
+    num_params = int(actor_info.get("model_params") or actor_info.get("num_params") or 0)
+    if not peak or not num_params or seconds <= 0 or "attention_mask" not in batch:
         return {}
-    tokens = float(np.asarray(batch["attention_mask"]).sum()) if "attention_mask" in batch else 0.0
-    flops = 6.0 * num_params * tokens * ppo_epochs
-    return {"perf/mfu/actor": flops / (seconds * num_devices * peak_flops_per_device)}
+    seq_lens = (np.asarray(batch["attention_mask"]) > 0).sum(-1)
+    flops = actor_update_flops(seq_lens, num_params, int(actor_info.get("num_layers", 0)),
+                               int(actor_info.get("attn_dim", 0)), ppo_epochs)
+    return {"perf/mfu/actor": flops / (seconds * num_devices * peak), "perf/peak_flops_per_device": float(peak)}
 
 
 def timing_metrics(timings: dict[str, float], batch: Batch) -> dict[str, float]:
@@ -113,7 +132,8 @@ class StageTimer:
     def __call__(self, stage: str) -> Iterator[None]:
         start = time.perf_counter()
         try:
-            yield
+            with progress.doing(stage):
+                yield
         finally:
             self.timings[stage] = self.timings.get(stage, 0.0) + time.perf_counter() - start
 

@@ -91,7 +91,7 @@ class RoleBuilder(contextlib.AbstractContextManager):
             groups["cost_model"] = WorkerGroup(reward_pool, CostModelWorker, worker_config, "cost", role="cost_model")
         summaries = {name: group.init_model() for name, group in groups.items()}
         actor_info = summaries["actor"][0] if isinstance(summaries["actor"], list) else summaries["actor"]
-        return Roles(**groups, actor_num_params=int((actor_info or {}).get("num_params", 0)))
+        return Roles(**groups, actor_info=dict(actor_info or {}))
 
     def close(self) -> None:
         for pool in reversed(self.pools):

@@ -30,6 +30,7 @@ from jaxrl_hf.trainer.async_rollout import AsyncRollout
 from jaxrl_hf.trainer.checkpointing import CheckpointError, CheckpointManager, load_trainer_state
 from jaxrl_hf.trainer.data import collate_prompts, load_split, load_tokenizer, make_train_loader, ptx_examples
 from jaxrl_hf.trainer.dynamic_sampling import DynamicSamplingError
+from jaxrl_hf.trainer import progress
 from jaxrl_hf.trainer.logging import MetricLogger, ProgressBar, read_jsonl
 from jaxrl_hf.trainer.metrics import data_metrics, entropy_metric, mfu_metric, throughput_metrics, timing_metrics
 from jaxrl_hf.trainer.preflight import PreflightError, pin_driver_to_cpu, quick_preflight
@@ -50,6 +51,8 @@ class RLTrainer:
         self.config = config
         self.run_dir = os.path.abspath(config.trainer.run_dir)
         self.ckpt = CheckpointManager(os.path.join(self.run_dir, "checkpoints"), config.trainer.max_ckpt_to_keep)
+        self._first_step = 1
+        """The first step this process runs (its calls compile the XLA programs)."""
         self.step_fn = ALGORITHMS[config.algo]
         self.kl_ctrl = KLController.from_config(config.algorithm.kl_ctrl)
         self.algo_state: dict[str, Any] = {}
@@ -141,14 +144,16 @@ class RLTrainer:
         scored = []
         uid = 0
         for name, rows in self.val_sets.items():
-            size = c.data.val_batch_size or len(rows)
+            size, uid0 = c.data.val_batch_size or len(rows), uid
             for i in range(0, len(rows), size):
                 prompts = collate_prompts(rows[i : i + size], self.tokenizer, c.data.val_max_prompt_length, uid_base=uid)
                 uid += len(rows[i : i + size])
                 prompts.meta_info.update({"validate": True, "n": v.n, "greedy": v.greedy, "temperature": v.temperature,
                                           "top_p": v.top_p, "response_length": v.response_length,
                                           "seed": generation_seed(c.rollout.seed, -1, uid)})
-                out = self.roles.actor.generate_sequences(prompts)
+                with progress.doing(f"validation of {name} (prompts {i + 1}-{uid - uid0} of {len(rows)}, "
+                                    f"{v.n} samples each)"):
+                    out = self.roles.actor.generate_sequences(prompts)
                 scored.append(out.select(["data_source", "uid"], []).union(
                     self.val_reward_fn(out).select(["seq_score", "acc", "pred"], [])))
         if not scored:
@@ -169,7 +174,9 @@ class RLTrainer:
         for group in (self.roles.actor, self.roles.critic, self.roles.cost_critic):
             if group is not None and "set_step" in group.method_names:
                 group.set_step(self.global_step)  # seeds of mini-batch shuffles derive from the step
-        batch = self.step_fn(ctx)
+        first = " (its first calls compile XLA programs)" if self.global_step == self._first_step else ""
+        with progress.doing(f"step {self.global_step}/{c.trainer.total_steps}{first}"):
+            batch = self.step_fn(ctx)
         if self.async_rollout is not None and ctx.actor_updates():
             ctx.metrics.update(self.async_rollout.push_weights(self.global_step))  # the previous push's metrics
         ctx.timer.timings["step"] = time.perf_counter() - start
@@ -187,8 +194,7 @@ class RLTrainer:
         devices = c.placement.num_processes * c.placement.devices_per_process
         metrics.update(timing_metrics(ctx.timer.timings, batch))
         metrics.update(throughput_metrics(batch, ctx.timer.timings, devices))
-        metrics.update(mfu_metric(batch, ctx.timer.timings, self.roles.actor_num_params, c.actor.ppo_epochs, devices,
-                                  c.trainer.peak_flops_per_device))
+        metrics.update(mfu_metric(batch, ctx.timer.timings, self.roles.actor_info, c.actor.ppo_epochs, devices))
         return metrics
 
     # ------------------------------------------------------------------ the loop
@@ -201,8 +207,9 @@ class RLTrainer:
         resume = self.ckpt.resume_path(c.trainer.resume_mode, c.trainer.resume_from_path)
         self.reward_fn = RewardFunction(c, self.tokenizer)
         self.val_reward_fn = RewardFunction(c, self.tokenizer, validation=True)
-        with RoleBuilder(c) as builder:
-            self.roles = builder.build()
+        with progress.Heartbeat(c.trainer.progress_interval_s), RoleBuilder(c) as builder:
+            with progress.doing("starting the workers (loading the model, placing it on the devices)"):
+                self.roles = builder.build()
             if resume:
                 self.restore(resume)
                 print(f"resumed from {resume} (step {self.global_step})", file=sys.stderr)
@@ -218,6 +225,7 @@ class RLTrainer:
 
     def _loop(self, log: MetricLogger, resumed: bool) -> int:
         c = self.config
+        self._first_step = self.global_step + 1  # the first step of this process compiles
         if c.trainer.val_only:
             val = self.validate()
             log.log_validation(self.global_step, val)

@@ -43,8 +43,8 @@ class Roles:
     cost_model: Any = None
     rollout: Any = None
     """RolloutWorker group of a split placement (``placement.rollout.colocate=false``), else None."""
-    actor_num_params: int = 0
-    """Parameter count reported by the actor's ``init_model`` (for MFU)."""
+    actor_info: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """The actor's ``init_model`` summary: parameter count, layers, attention width, peak FLOP/s (for MFU)."""
 
 
 def generation_seed(base: int, step: int, round_: int) -> int:

@@ -61,6 +61,7 @@ from jaxrl_hf.workers.minibatch import MiniBatchPlan, iterate_minibatches, mean_
 from jaxrl_hf.workers.offload import OptimizerOffload
 from jaxrl_hf.workers.optim import update_schedule_step
 from jaxrl_hf.workers.packed_forward import packed_log_prob_fn
+from jaxrl_hf.workers.peak_flops import mfu_summary
 from jaxrl_hf.workers.protocols import MESH_DP_MERGE
 from jaxrl_hf.workers.token_batches import MicroBatching, actor_micro_batching, has_response_tokens
 from jaxrl_hf.workers.train_step import TrainState, init_train_state
@@ -142,6 +143,8 @@ class ActorRolloutRefWorker(Worker):
             self.ref_params = reference_params(params, config.dtype)
         self.lora = LoraPolicy.from_config(self.config.model, config, params, shardings, self.mesh,
                                            self.rule_set.for_transition(self.gen).params) if self.has_actor else None
+        mfu = mfu_summary(config, params, self.config.trainer.peak_flops_per_device,
+                          -(-self.config.placement.num_processes // (self.config.trainer.nnodes or 1))) if self.has_actor else {}
         if self.lora is not None:  # train only the adapters; the base stays frozen in self.lora
             params, shardings = self.lora.init_adapters(self.config.model.seed), self.lora.adapter_shardings
         if self.has_actor:
@@ -159,7 +162,7 @@ class ActorRolloutRefWorker(Worker):
                 self.state = self.offload.offload(self.state)
         summary = {"role": self.worker_role, "num_params": int(sum(np.prod(x.shape) for x in jax.tree.leaves(params))),
                    "lora_rank": self.lora.cfg.rank if self.lora is not None else 0,
-                   "devices": jax.device_count(), "mesh": dict(self.mesh.shape)}
+                   "devices": jax.device_count(), "mesh": dict(self.mesh.shape), **mfu}
         if self.layout is not None:
             summary["generation"] = self.layout.describe()
         return summary
