@@ -2,13 +2,14 @@
 
 MFU needs a peak. A GPU's datasheet number is known (``trainer.peak_flops_per_device``); a CPU's is not, and a
 datasheet number would not say what XLA reaches there anyway. So when no peak is configured, the actor worker
-times a short jitted square matmul in float32 and in bfloat16 on its first device and takes the best rate seen
-(the machine's best rate, whichever dtype the run computes in). XLA:CPU host devices share the host's cores, so on
-CPU the measured rate is divided among the process's local devices.
+times short jitted square matmuls in the model's compute dtype (``model.dtype``) on its first device and takes the
+best rate seen: the best this machine does in that dtype (dtypes differ widely: this CI's Xeon multiplies bfloat16
+on AMX tiles at ~5-10x its float32 rate). XLA:CPU host devices share the host's cores, so on CPU the measured rate
+is divided among the host's devices.
 
-The result is cached in a small JSON file keyed by platform, device kind, core count and JAX version
+The result is cached in a small JSON file keyed by platform, device kind, core count, dtype and JAX version
 (``$JAXRL_HF_PEAK_CACHE``, default ``~/.cache/jaxrl_hf/peak_flops.json``), so only a machine's first run pays the
-few seconds it takes.
+second or two it takes.
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ import jax
 import jax.numpy as jnp
 
 CACHE_ENV = "JAXRL_HF_PEAK_CACHE"
-MATMUL_SIZE = {"cpu": 1024}
-"""Side of the calibration matmul per platform (others: 8192, large enough to fill a GPU's tensor cores)."""
+MATMUL_SIZES = {"cpu": (1024, 2048)}
+"""Sides of the calibration matmuls per platform (others: 8192, large enough to fill a GPU's tensor cores)."""
 REPEATS = 5
 
 
@@ -33,9 +34,10 @@ def cache_path() -> str:
     return os.environ.get(CACHE_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "jaxrl_hf", "peak_flops.json")
 
 
-def machine_key(device: Any) -> str:
-    """What the measured peak depends on: platform, device kind, visible cores, JAX version."""
-    return f"{device.platform}|{getattr(device, 'device_kind', '?')}|cores={os.cpu_count()}|jax={jax.__version__}"
+def machine_key(device: Any, dtype: str) -> str:
+    """What the measured peak depends on: platform, device kind, visible cores, dtype, JAX version."""
+    kind = getattr(device, "device_kind", "?")
+    return f"{device.platform}|{kind}|cores={os.cpu_count()}|{jnp.dtype(dtype).name}|jax={jax.__version__}"
 
 
 def matmul_rate(device: Any, dtype: Any, n: int, repeats: int = REPEATS) -> float:
@@ -54,10 +56,9 @@ def matmul_rate(device: Any, dtype: Any, n: int, repeats: int = REPEATS) -> floa
     return 2.0 * n**3 / best
 
 
-def measure_device_peak(device: Any) -> float:
-    """The best matmul rate of ``device`` over float32 and bfloat16 (FLOP/s)."""
-    n = MATMUL_SIZE.get(device.platform, 8192)
-    return max(matmul_rate(device, jnp.float32, n), matmul_rate(device, jnp.bfloat16, n))
+def measure_device_peak(device: Any, dtype: str) -> float:
+    """The best ``dtype`` matmul rate of ``device`` over the platform's calibration sizes (FLOP/s)."""
+    return max(matmul_rate(device, jnp.dtype(dtype), n) for n in MATMUL_SIZES.get(device.platform, (8192,)))
 
 
 def _read_cache(path: str) -> dict[str, float]:
@@ -80,10 +81,10 @@ def _write_cache(path: str, data: dict[str, float]) -> None:
         pass  # a read-only home only costs a re-measurement next run
 
 
-def measured_peak(device: Any) -> float:
+def measured_peak(device: Any, dtype: str) -> float:
     """The cached peak of ``device``'s kind on this machine; measured (under a file lock, so processes starting
     together neither measure at once nor slow each other's measurement) when not cached yet."""
-    path, key = cache_path(), machine_key(device)
+    path, key = cache_path(), machine_key(device, dtype)
     cached = _read_cache(path).get(key)
     if cached:
         return cached
@@ -92,25 +93,29 @@ def measured_peak(device: Any) -> float:
         fcntl.flock(lock, fcntl.LOCK_EX)
         cache = _read_cache(path)
         if not cache.get(key):
-            cache[key] = measure_device_peak(device)
+            cache[key] = measure_device_peak(device, dtype)
             _write_cache(path, cache)
     return cache[key]
 
 
-def peak_flops_per_device(configured: float | None = None, processes_per_host: int = 1) -> float:
-    """``configured`` when given, else this machine's measured peak per device: on CPU the host's rate shared by
-    all devices of the ``processes_per_host`` processes on it; an accelerator's own rate elsewhere."""
+def peak_flops_per_device(configured: float | None = None, processes_per_host: int = 1,
+                          dtype: str = "float32") -> float:
+    """``configured`` when given, else this machine's measured ``dtype`` peak per device: on CPU the host's rate
+    shared by all devices of the ``processes_per_host`` processes on it; an accelerator's own rate elsewhere."""
     if configured:
         return float(configured)
     device = jax.local_devices()[0]
     shared = jax.local_device_count() * max(processes_per_host, 1) if device.platform == "cpu" else 1
-    return measured_peak(device) / shared
+    return measured_peak(device, dtype) / shared
 
 
 def mfu_summary(model_config: Any, params: Any, configured: float | None, processes_per_host: int) -> dict[str, Any]:
-    """What the driver needs for ``perf/mfu/actor``: the model's parameter count (the full model's, also under
-    LoRA), layers, attention width (heads × head_dim) and the peak FLOP/s per device."""
-    return {"model_params": int(sum(x.size for x in jax.tree.leaves(params))),
+    """What the driver needs for ``perf/mfu/actor``: the model's matmul parameter count (the full model's, also
+    under LoRA; an untied input embedding is a lookup, left out), its layers, attention width (heads × head_dim)
+    and the peak FLOP/s per device in its compute dtype."""
+    total = int(sum(x.size for x in jax.tree.leaves(params)))
+    lookup = 0 if model_config.tie_word_embeddings else model_config.vocab_size * model_config.hidden_size
+    return {"model_params": total - lookup,  # the input embedding is a gather, not a matmul (unless tied)
             "num_layers": int(model_config.num_hidden_layers),
             "attn_dim": int(model_config.num_attention_heads * model_config.head_dim),
-            "peak_flops_per_device": peak_flops_per_device(configured, processes_per_host)}
+            "peak_flops_per_device": peak_flops_per_device(configured, processes_per_host, model_config.dtype)}
