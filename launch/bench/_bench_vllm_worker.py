@@ -42,6 +42,23 @@ def _check_spec(spec: dict, path: str) -> None:
             raise ValueError(f"{path}: batch {b} has an empty prompt")
 
 
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def kv_cache_bytes(model_dir: str, dtype: str, sequences: int, tokens: int, headroom: float = 1.5) -> int:
+    """KV cache this workload needs: K and V for ``sequences × tokens`` positions of every layer (from the
+    model's ``config.json``), with ``headroom`` for vLLM's block rounding; at least 64 MiB.
+
+    vLLM's CPU default (``gpu_memory_utilization`` × the memory of one NUMA node) refuses to start on a machine
+    whose free memory is below that fraction; sizing from the workload, as the trainer's ``kv_cache_gib`` does,
+    needs no ``VLLM_CPU_KVCACHE_SPACE`` set by hand."""
+    with open(os.path.join(model_dir, "config.json")) as fh:
+        cfg = json.load(fh)
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    per_token = 2 * cfg["num_hidden_layers"] * cfg.get("num_key_value_heads", cfg["num_attention_heads"]) * head_dim
+    return max(int(per_token * DTYPE_BYTES[dtype] * sequences * tokens * headroom), 64 << 20)
+
+
 def run(spec: dict) -> dict:
     """Time greedy generation of exactly ``max_new`` tokens per prompt for each batch in ``spec``."""
     import vllm
@@ -50,10 +67,12 @@ def run(spec: dict) -> dict:
     max_new = int(spec["max_new"])
     longest = max(len(p) for prompts in spec["batches"].values() for p in prompts)
     largest = max(int(b) for b in spec["batches"])
+    dtype = spec.get("dtype", "float32")
+    kv_bytes = kv_cache_bytes(spec["model_dir"], dtype, max(largest, 1), longest + max_new + 8)
     t0 = time.perf_counter()
-    llm = LLM(model=spec["model_dir"], dtype=spec.get("dtype", "float32"), seed=int(spec.get("seed", 0)),
+    llm = LLM(model=spec["model_dir"], dtype=dtype, seed=int(spec.get("seed", 0)),
               max_model_len=longest + max_new + 8, max_num_seqs=max(largest, 1),
-              gpu_memory_utilization=float(spec.get("memory_fraction", 0.1)), enable_prefix_caching=False)
+              kv_cache_memory_bytes=kv_bytes, enable_prefix_caching=False)
     init_s = time.perf_counter() - t0
 
     def params(n: int) -> SamplingParams:
@@ -74,7 +93,7 @@ def run(spec: dict) -> dict:
         tokens = sum(counts)
         rows[b] = {"tokens": tokens, "seconds": seconds, "tok_per_s": tokens / seconds, "warmup_s": warmup_s,
                    "first_tokens": [list(o.outputs[0].token_ids[:16]) for o in outs[:2]]}
-    return {"vllm_version": vllm.__version__, "init_s": init_s, "dtype": spec.get("dtype", "float32"),
+    return {"vllm_version": vllm.__version__, "init_s": init_s, "dtype": dtype, "kv_cache_bytes": kv_bytes,
             "thread_env": {k: os.environ.get(k) for k in THREAD_ENV}, "rows": rows}
 
 
