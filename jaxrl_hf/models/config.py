@@ -52,6 +52,7 @@ class DecoderConfig:
     param_dtype: str = "float32"
     remat: str = "none"
     attn_implementation: str = "auto"
+    scan_layers: bool = True
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",

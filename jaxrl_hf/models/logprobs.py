@@ -13,11 +13,17 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from jaxrl_hf.models.matmul import matmul_f32_accumulate
+
 
 def _chunk_stats(hidden: jnp.ndarray, kernel: jnp.ndarray, targets: jnp.ndarray,
                  temperature: float | jnp.ndarray, with_entropy: bool) -> tuple[jnp.ndarray, jnp.ndarray]:
-    logits = jnp.einsum("bce,ev->bcv", hidden, kernel.astype(hidden.dtype), preferred_element_type=jnp.float32)
-    logits = logits / temperature
+    rows = hidden.reshape(-1, hidden.shape[-1])  # one 2-D matmul (see models/llama.py `_Proj`)
+    if hidden.dtype == jnp.float32:
+        logits = jnp.dot(rows, kernel.astype(jnp.float32))
+    else:  # f32 logits, f32 accumulation forward and backward
+        logits = matmul_f32_accumulate(rows, kernel, True)
+    logits = logits.reshape(*hidden.shape[:-1], kernel.shape[-1]) / temperature
     lse = jax.nn.logsumexp(logits, axis=-1)
     picked = jnp.take_along_axis(logits, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
     logp = picked - lse

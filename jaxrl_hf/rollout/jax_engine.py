@@ -17,6 +17,7 @@ the seeds (a row's key is ``fold_in(seed, global row index)``, as with one proce
 
 from __future__ import annotations
 
+import dataclasses
 from functools import partial
 from typing import Any, Sequence
 
@@ -127,6 +128,9 @@ class JaxGenerationEngine:
                  batch_buckets: Sequence[int] = DEFAULT_BATCH_BUCKETS, cache_dtype: str | None = None) -> None:
         if (mesh is None) != (rules is None):
             raise ValueError("JaxGenerationEngine: pass both mesh and rules, or neither")
+        # Decoding keeps the layer loop whatever model.scan_layers says for training: an unrolled f32 decode
+        # step ran at 0.53x the scanned one's tokens/s here (launch/bench/bench_layer_loop.py).
+        config = dataclasses.replace(config, scan_layers=True)
         self.config = config
         self.pad_token_id = int(pad_token_id)
         self.eos_token_ids = tuple(int(t) for t in eos_token_ids)

@@ -103,6 +103,7 @@ def load_model(model: ModelConfig, where: str = "model") -> LoadedModel:
     if model.path == TINY_RANDOM:
         config = tiny_decoder_config(model.tiny, model.dtype, model.remat, where=f"{where}.tiny",
                                      attn_implementation=model.attn_implementation)
+        config = dataclasses.replace(config, scan_layers=model.scan_layers)
         return LoadedModel(config, init_params(config, model.seed), None, None)
     from jaxrl_hf.models import load_pretrained
 
@@ -111,7 +112,7 @@ def load_model(model: ModelConfig, where: str = "model") -> LoadedModel:
                              attn_implementation=model.attn_implementation)
     except (ValueError, FileNotFoundError) as err:
         raise WorkerConfigError(f"{where}.path={model.path!r}: {err}") from err
-    return LoadedModel(lm.config, lm.params, lm.tokenizer, lm.path)
+    return LoadedModel(dataclasses.replace(lm.config, scan_layers=model.scan_layers), lm.params, lm.tokenizer, lm.path)
 
 
 # ------------------------------------------------------------------------------------------ mesh
