@@ -33,6 +33,9 @@ class TrainerConfig:
     balance_batch: bool = True
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl", "tensorboard"])
     progress_bar: bool = True
+    worker_timeout_s: float = 1800.0
+    """Longest wait for any worker call (loading and compiling a large model takes minutes): ranks that have not
+    answered by then stop the run, named (``WorkerTimeoutError``, exit code 6). 0: wait forever."""
     progress_interval_s: float = 30.0
     """While one stage (starting the workers, a validation, a step's generation or update, XLA compiling) runs
     longer than this, print what it is every this many seconds (``trainer/progress.py``); 0: never."""

@@ -13,8 +13,9 @@ Colocation: several `WorkerGroup`s on one `ResourcePool` share its processes and
 """
 
 from jaxrl_hf.controller.batch import PAD_ROWS_KEY, Batch
-from jaxrl_hf.controller.errors import ControllerError, PoolBrokenError, WorkerDiedError, WorkerMethodError
-from jaxrl_hf.controller.futures import GroupFuture
+from jaxrl_hf.controller.errors import (ControllerError, PoolBrokenError, WorkerDiedError, WorkerMethodError,
+                                        WorkerTimeoutError)
+from jaxrl_hf.controller.futures import GroupFuture, set_call_timeout
 from jaxrl_hf.controller.layout import GroupLayout, MeshCoords, coords_from_mesh, coords_from_process_grid
 from jaxrl_hf.controller.protocols import Dispatch, Protocol, RankCall, register
 from jaxrl_hf.controller.resource_pool import ResourcePool, ensure_ray
@@ -37,6 +38,8 @@ __all__ = [
     "Worker",
     "WorkerContext",
     "WorkerDiedError",
+    "WorkerTimeoutError",
+    "set_call_timeout",
     "WorkerGroup",
     "WorkerMethodError",
     "colocate",

@@ -37,3 +37,17 @@ class WorkerDiedError(ControllerError):
 
 class PoolBrokenError(ControllerError):
     """A call was made on a pool whose multi-controller program lost a process earlier."""
+
+
+class WorkerTimeoutError(ControllerError):
+    """Some ranks did not answer a call within the timeout (a hung process, a deadlocked collective)."""
+
+    def __init__(self, pool: str, role: str, method: str, ranks: list[int], timeout_s: float):
+        self.pool, self.role, self.method, self.ranks, self.timeout_s = pool, role, method, list(ranks), timeout_s
+        super().__init__(
+            f"pool {pool!r} role {role!r} method {method!r}: ranks {self.ranks} did not answer within {timeout_s:g} s "
+            f"(trainer.worker_timeout_s); a hung or stopped process, or a collective waiting for one"
+        )
+
+    def __reduce__(self):
+        return type(self), (self.pool, self.role, self.method, self.ranks, self.timeout_s)

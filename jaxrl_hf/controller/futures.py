@@ -20,7 +20,7 @@ import numpy as np
 import ray
 
 from jaxrl_hf.controller.batch import PAD_ROWS_KEY, Batch
-from jaxrl_hf.controller.errors import ControllerError, WorkerDiedError, WorkerMethodError
+from jaxrl_hf.controller.errors import ControllerError, WorkerDiedError, WorkerMethodError, WorkerTimeoutError
 from jaxrl_hf.controller.layout import GroupLayout
 
 class CollectRule(StructuralType):
@@ -191,6 +191,17 @@ def _describe_failure(err: Exception, pool: str, role: str, rank: int, method: s
     return ControllerError(f"pool {pool!r} role {role!r} rank {rank} method {method!r}: {err!r}")
 
 
+_CALL_TIMEOUT_S: float | None = None
+"""Default timeout of every blocking wait on worker results (``set_call_timeout``; None: wait forever)."""
+
+
+def set_call_timeout(seconds: float | None) -> None:
+    """Every later ``gather_results`` without its own timeout waits at most ``seconds`` (the trainer sets
+    ``trainer.worker_timeout_s``); ``None`` or 0: no limit."""
+    global _CALL_TIMEOUT_S
+    _CALL_TIMEOUT_S = float(seconds) if seconds else None
+
+
 def gather_results(
     refs: Sequence[ray.ObjectRef],
     pool: str,
@@ -202,8 +213,10 @@ def gather_results(
     """Fetch every rank's output, raising the first failure as soon as it is known.
 
     A rank that raised, or whose process died, is reported immediately even while other ranks are
-    still blocked (e.g. in a collective waiting for the dead one).
+    still blocked (e.g. in a collective waiting for the dead one). Ranks that have not answered after
+    ``timeout_s`` (default: ``set_call_timeout``'s) are named in a ``WorkerTimeoutError``.
     """
+    timeout_s = _CALL_TIMEOUT_S if timeout_s is None else timeout_s
     results: list[Any] = [None] * len(refs)
     pending = {ref: rank for rank, ref in enumerate(refs)}
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -211,10 +224,7 @@ def gather_results(
         remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
         ready, _ = ray.wait(list(pending), num_returns=1, timeout=remaining)
         if not ready:
-            raise TimeoutError(
-                f"pool {pool!r} role {role!r} method {method!r}: ranks {sorted(pending.values())} "
-                f"did not finish within {timeout_s} s"
-            )
+            raise WorkerTimeoutError(pool, role, method, sorted(pending.values()), float(timeout_s or 0))
         for ref in ready:
             rank = pending.pop(ref)
             try:

@@ -23,17 +23,18 @@ import numpy as np
 
 from jaxrl_hf.config import ConfigError, dump_config, load_config
 from jaxrl_hf.config.schema import RunConfig
-from jaxrl_hf.controller import Batch
+from jaxrl_hf.controller import Batch, set_call_timeout
 from jaxrl_hf.trainer.advantage import KLController
 from jaxrl_hf.trainer.algorithms import ALGORITHMS
 from jaxrl_hf.trainer.async_rollout import AsyncRollout
 from jaxrl_hf.trainer.checkpointing import CheckpointError, CheckpointManager, load_trainer_state
 from jaxrl_hf.trainer.data import collate_prompts, load_split, load_tokenizer, make_train_loader, ptx_examples
 from jaxrl_hf.trainer.dynamic_sampling import DynamicSamplingError
+from jaxrl_hf.trainer.exit_path import report
 from jaxrl_hf.trainer import progress
 from jaxrl_hf.trainer.logging import MetricLogger, ProgressBar, read_jsonl
 from jaxrl_hf.trainer.metrics import data_metrics, entropy_metric, mfu_metric, throughput_metrics, timing_metrics
-from jaxrl_hf.trainer.preflight import PreflightError, pin_driver_to_cpu, quick_preflight
+from jaxrl_hf.trainer.preflight import pin_driver_to_cpu, quick_preflight
 from jaxrl_hf.trainer.roles import RoleBuilder
 from jaxrl_hf.trainer.scoring import RewardFunction
 from jaxrl_hf.trainer.step import (UID_STRIDE_ROUND, UID_STRIDE_STEP, Roles, StepContext, generation_seed,
@@ -200,6 +201,7 @@ class RLTrainer:
     # ------------------------------------------------------------------ the loop
     def fit(self) -> int:
         c = self.config
+        set_call_timeout(c.trainer.worker_timeout_s)
         enable_compilation_cache(c.trainer.compilation_cache_dir)
         os.makedirs(self.run_dir, exist_ok=True)
         dump_config(c, os.path.join(self.run_dir, "config.yaml"))
@@ -308,8 +310,9 @@ def _headline(metrics: dict[str, float]) -> str:
 
 def run(algo: str, preset: str | None = None, overrides: list[str] | tuple[str, ...] = (),
         imports: list[str] | tuple[str, ...] = ()) -> int:
-    """Load the config and train; returns the process exit status (2 = bad config or a machine that cannot run it,
-    3 = data exhausted).
+    """Load the config and train; returns the process exit status (``jaxrl_hf.errors.ExitCode``: 0 done, 2 config,
+    3 dynamic sampling exhausted, 4 data, 5 checkpoint, 6 worker, 1 a bug; the traceback goes to
+    ``<run_dir>/error.log``).
     ``imports`` (``--import``): files / modules imported before the config is validated and in every worker."""
     try:
         config = load_config(algo, preset, list(overrides), imports=list(imports))
@@ -324,6 +327,5 @@ def run(algo: str, preset: str | None = None, overrides: list[str] | tuple[str, 
     pin_driver_to_cpu()
     try:
         return RLTrainer(config).fit()
-    except (ConfigError, CheckpointError, PreflightError) as err:
-        print(f"jaxrl_hf: {err}", file=sys.stderr)
-        return 2
+    except (Exception, KeyboardInterrupt) as err:  # the one exit path: a message, error.log, the class's code
+        return report(err, os.path.abspath(config.trainer.run_dir))
