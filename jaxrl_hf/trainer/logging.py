@@ -18,6 +18,8 @@ import sys
 import time
 from typing import Any, TextIO
 
+from jaxrl_hf.errors import ExitCode, RunError
+
 logger = logging.getLogger(__name__)
 
 CONSOLE_KEYS = {"critic/score/mean": "score", "critic/acc/mean": "acc", "response_length/mean": "len",
@@ -30,13 +32,35 @@ def _json_value(value: Any) -> Any:
     return value if math.isfinite(value) else str(value)  # NaN/inf as strings: metrics.jsonl stays valid JSON
 
 
+class LogFileError(RunError):
+    """A JSON-lines log is damaged before its last line (a torn last line is only dropped)."""
+
+    exit_code = ExitCode.CHECKPOINT
+
+
+def _parsed_lines(path: str) -> list[tuple[str, dict[str, Any]]]:
+    """``(line, record)`` for each record of a JSON-lines log. A last line that does not parse (a crash in the
+    middle of writing it) is dropped with a warning; damage anywhere else is a ``LogFileError`` naming the line."""
+    with open(path, encoding="utf-8") as fh:
+        lines = [ln if ln.endswith("\n") else ln + "\n" for ln in fh if ln.strip()]
+    out = []
+    for i, line in enumerate(lines):
+        try:
+            out.append((line, json.loads(line)))
+        except ValueError as err:
+            if i < len(lines) - 1:
+                raise LogFileError(f"{path}: line {i + 1} is not JSON ({err}); only a torn last line is repaired")
+            logger.warning("%s: dropping its torn last line %d (a crash while it was written): %.80r",
+                           path, i + 1, line)
+    return out
+
+
 def truncate_jsonl(path: str, max_step: int) -> None:
-    """Drop records with ``step > max_step`` (atomically), e.g. steps logged after the resumed checkpoint."""
+    """Drop records with ``step > max_step`` (atomically), e.g. steps logged after the resumed checkpoint, and a
+    torn last line."""
     if not os.path.isfile(path):
         return
-    with open(path, encoding="utf-8") as fh:
-        lines = [ln for ln in fh if ln.strip()]
-    kept = [ln for ln in lines if json.loads(ln).get("step", 0) <= max_step]
+    kept = [ln for ln, record in _parsed_lines(path) if record.get("step", 0) <= max_step]
     tmp = path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as fh:
         fh.writelines(kept)
@@ -44,9 +68,8 @@ def truncate_jsonl(path: str, max_step: int) -> None:
 
 
 def read_jsonl(path: str) -> list[dict[str, Any]]:
-    """All records of a JSON-lines file."""
-    with open(path, encoding="utf-8") as fh:
-        return [json.loads(ln) for ln in fh if ln.strip()]
+    """All records of a JSON-lines file (a torn last line dropped with a warning)."""
+    return [record for _, record in _parsed_lines(path)]
 
 
 class ProgressBar:

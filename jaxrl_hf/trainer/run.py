@@ -278,8 +278,8 @@ class RLTrainer:
         if records:
             first, last = records[0], records[-1]
             for key in sorted(k for k in last if k.startswith("val-core/") and "/acc/" in k):
-                before = f"{first[key]:.3f} (step {first['step']})" if key in first else "n/a"
-                lines.append(f"  {key}: {before} -> {last[key]:.3f} (step {last['step']})")
+                before = f"{_number(first[key])} (step {first['step']})" if key in first else "n/a"
+                lines.append(f"  {key}: {before} -> {_number(last[key])} (step {last['step']})")
         lines.append(f"  metrics:     {os.path.join(self.run_dir, 'metrics.jsonl')}")
         lines.append(f"  validation:  {path}")
         if saved_at is not None:
@@ -301,6 +301,11 @@ def enable_compilation_cache(path: str | None) -> None:
     os.environ["JAX_COMPILATION_CACHE_DIR"] = path
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
+
+
+def _number(value: Any) -> str:
+    """A logged metric for the console: 3 decimals, or as stored when it is not finite ("nan" in the JSON)."""
+    return f"{value:.3f}" if isinstance(value, (int, float)) else str(value)
 
 
 def _headline(metrics: dict[str, float]) -> str:

@@ -1,0 +1,37 @@
+"""The run's records after a crash: a torn last JSONL line is dropped with a warning, other damage is named,
+and a resumed run's files hold every step exactly once."""
+
+import json
+import logging
+
+import pytest
+
+from jaxrl_hf.trainer.logging import LogFileError, MetricLogger, read_jsonl
+from jaxrl_hf.trainer.run import _number
+
+
+def _write(path, records, tail=""):
+    path.write_text("".join(json.dumps(r) + "\n" for r in records) + tail)
+
+
+def test_a_torn_last_line_is_dropped_with_a_warning_on_resume(tmp_path, caplog):
+    _write(tmp_path / "metrics.jsonl", [{"step": 1, "a": 1.0}, {"step": 2, "a": 2.0}], tail='{"step": 3, "a": 3.')
+    _write(tmp_path / "validation.jsonl", [{"step": 0, "acc": 0.1}], tail='{"step": 2, "ac')
+    with caplog.at_level(logging.WARNING):
+        log = MetricLogger(str(tmp_path), ["jsonl"], resume_step=2)  # the step-2 checkpoint
+        log.log(3, {"a": 30.0})
+        log.close()
+    assert [r["step"] for r in read_jsonl(str(tmp_path / "metrics.jsonl"))] == [1, 2, 3]
+    assert [r["step"] for r in read_jsonl(str(tmp_path / "validation.jsonl"))] == [0]
+    assert "metrics.jsonl: dropping its torn last line 3" in caplog.text
+    assert "validation.jsonl: dropping its torn last line 2" in caplog.text
+
+
+def test_damage_before_the_last_line_is_named_not_repaired(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2, oops}\n{"step": 3}\n')
+    with pytest.raises(LogFileError, match=r"metrics.jsonl: line 2 is not JSON"):
+        MetricLogger(str(tmp_path), ["jsonl"], resume_step=3)
+
+
+def test_the_summary_prints_a_nan_accuracy_as_stored():
+    assert _number(0.4567) == "0.457" and _number("nan") == "nan"
