@@ -30,3 +30,10 @@ class RunError(RuntimeError):
     """An error that ends a run with a documented exit status; the message is what the user sees."""
 
     exit_code: ExitCode = ExitCode.INTERNAL
+
+
+class NonFiniteError(RunError):
+    """A NaN or infinite number where training needs a finite one: a scorer's reward, or updates skipped for a
+    non-finite loss or gradient norm ``trainer.max_nonfinite_steps`` steps in a row."""
+
+    exit_code = ExitCode.NON_FINITE

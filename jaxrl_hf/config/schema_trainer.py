@@ -33,6 +33,9 @@ class TrainerConfig:
     balance_batch: bool = True
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl", "tensorboard"])
     progress_bar: bool = True
+    max_nonfinite_steps: int = 3
+    """Stop the run (exit code 7, naming the step, role and non-finite quantities) after this many steps in a row
+    in which the actor or critic skipped every update for a non-finite loss or gradient norm; 0: never."""
     worker_timeout_s: float = 1800.0
     """Longest wait for any worker call (loading and compiling a large model takes minutes): ranks that have not
     answered by then stop the run, named (``WorkerTimeoutError``, exit code 6). 0: wait forever."""

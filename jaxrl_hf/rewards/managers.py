@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from jaxrl_hf.config.schema import OverlongBufferConfig
+from jaxrl_hf.errors import NonFiniteError
 from jaxrl_hf.rewards.dispatch import ScoreFnSpec
 from jaxrl_hf.rewards.pool import ScoreTask, make_scorer
 
@@ -167,6 +168,15 @@ class NaiveRewardManager:
         lengths = mask.sum(axis=1)
         bonus, extra_lists, extra_metrics = self.extra_rewards(lengths)
         rewards = np.array([r["score"] for r in results], np.float64) + bonus
+        bad = np.flatnonzero(~np.isfinite(rewards))
+        if bad.size:
+            i = int(bad[0])
+            info = (extra_infos or [None] * len(results))[i] or {}
+            where = f", extra_info.index {info['index']}" if isinstance(info, Mapping) and "index" in info else ""
+            raise NonFiniteError(
+                f"the scorer for data source {data_sources[i]!r} returned {results[i]['score']!r} for row {i} of the "
+                f"batch{where} ({bad.size} non-finite in all); response starts {texts[i][:80]!r}: a reward must be "
+                f"a finite number")
 
         batch, width = mask.shape
         scores = np.zeros((batch, width), np.float32)

@@ -33,6 +33,7 @@ from jaxrl_hf.trainer.dynamic_sampling import DynamicSamplingError
 from jaxrl_hf.trainer.exit_path import report
 from jaxrl_hf.trainer import progress
 from jaxrl_hf.trainer.logging import MetricLogger, ProgressBar, read_jsonl
+from jaxrl_hf.trainer.nonfinite import NonFiniteGuard
 from jaxrl_hf.trainer.metrics import data_metrics, entropy_metric, mfu_metric, throughput_metrics, timing_metrics
 from jaxrl_hf.trainer.preflight import pin_driver_to_cpu, quick_preflight
 from jaxrl_hf.trainer.roles import RoleBuilder
@@ -238,6 +239,7 @@ class RLTrainer:
             log.log_validation(0, val)
             print(f"validation before training: {_headline(val)}", file=sys.stderr)
         bar = ProgressBar(c.trainer.total_steps, start=self.global_step) if c.trainer.progress_bar else None
+        nonfinite = NonFiniteGuard(c.trainer.max_nonfinite_steps)
         last_val: dict[str, float] = {}
         saved_at = None
         while self.global_step < c.trainer.total_steps:
@@ -258,6 +260,7 @@ class RLTrainer:
                 saved_at = self.global_step
                 metrics["timing_s/save_checkpoint"] = time.perf_counter() - start
             log.log(self.global_step, metrics)
+            nonfinite.check(self.global_step, metrics)
             if "console" in c.trainer.logger:
                 info = log.console_summary(metrics)
                 if bar is not None:
