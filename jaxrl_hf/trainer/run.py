@@ -24,6 +24,7 @@ import numpy as np
 from jaxrl_hf.config import ConfigError, dump_config, load_config
 from jaxrl_hf.config.schema import RunConfig
 from jaxrl_hf.controller import Batch, set_call_timeout
+from jaxrl_hf.errors import ExitCode
 from jaxrl_hf.trainer.advantage import KLController
 from jaxrl_hf.trainer.algorithms import ALGORITHMS
 from jaxrl_hf.trainer.async_rollout import AsyncRollout
@@ -34,6 +35,7 @@ from jaxrl_hf.trainer.exit_path import report
 from jaxrl_hf.trainer import progress
 from jaxrl_hf.trainer.logging import MetricLogger, ProgressBar, read_jsonl
 from jaxrl_hf.trainer.nonfinite import NonFiniteGuard
+from jaxrl_hf.trainer.preemption import StopRequest
 from jaxrl_hf.trainer.metrics import data_metrics, entropy_metric, mfu_metric, throughput_metrics, timing_metrics
 from jaxrl_hf.trainer.preflight import pin_driver_to_cpu, quick_preflight
 from jaxrl_hf.trainer.roles import RoleBuilder
@@ -240,39 +242,53 @@ class RLTrainer:
             print(f"validation before training: {_headline(val)}", file=sys.stderr)
         bar = ProgressBar(c.trainer.total_steps, start=self.global_step) if c.trainer.progress_bar else None
         nonfinite = NonFiniteGuard(c.trainer.max_nonfinite_steps)
-        last_val: dict[str, float] = {}
-        saved_at = None
-        while self.global_step < c.trainer.total_steps:
-            self.global_step += 1
-            try:
-                metrics = self.train_step()
-            except DynamicSamplingError as err:
-                print(f"step {self.global_step}: {err}", file=sys.stderr)
-                return 3
-            is_last = self.global_step == c.trainer.total_steps
-            if self.val_sets and ((c.trainer.test_freq > 0 and self.global_step % c.trainer.test_freq == 0) or is_last):
-                last_val = self.validate()
-                metrics.update(last_val)
-                log.log_validation(self.global_step, last_val)
-            if c.trainer.save_freq > 0 and (self.global_step % c.trainer.save_freq == 0 or is_last):
-                start = time.perf_counter()
-                self.save_checkpoint()
-                saved_at = self.global_step
-                metrics["timing_s/save_checkpoint"] = time.perf_counter() - start
-            log.log(self.global_step, metrics)
-            nonfinite.check(self.global_step, metrics)
-            if "console" in c.trainer.logger:
-                info = log.console_summary(metrics)
-                if bar is not None:
-                    bar.update(self.global_step, info)
-                else:
-                    print(f"step {self.global_step}/{c.trainer.total_steps} {info}", file=sys.stderr)
+        saved_at, save_s = None, None
+        with StopRequest() as stop:
+            while self.global_step < c.trainer.total_steps:
+                saved_at, save_s = self._one_step(log, bar, nonfinite, saved_at, save_s)
+                if stop.signal is not None:
+                    if saved_at != self.global_step:
+                        self.save_checkpoint()
+                    print(f"jaxrl_hf: stopped by {stop.signal} after step {self.global_step}: checkpoint "
+                          f"{self.ckpt.ckpt_dir}/global_step_{self.global_step}; run the same command to resume",
+                          file=sys.stderr)
+                    return int(ExitCode.PREEMPTED)
         if self.async_rollout is not None:
             self.async_rollout.drain()
         if c.trainer.export_hf:
             self.roles.actor.export_hf(os.path.join(self.run_dir, "hf_actor"))
         self._summary(saved_at)
         return 0
+
+    def _one_step(self, log: MetricLogger, bar: ProgressBar | None, nonfinite: NonFiniteGuard,
+                  saved_at: int | None, save_s: float | None) -> tuple[int | None, float | None]:
+        """Train, validate when due, log, then checkpoint when due (the step's metrics are on disk before its
+        checkpoint: a crash between the two leaves a record the resume drops, never a missing one). Returns
+        (the step last saved, seconds that save took: logged with the next step as ``timing_s/save_checkpoint``)."""
+        c = self.config
+        self.global_step += 1
+        metrics = self.train_step()
+        if save_s is not None:
+            metrics["timing_s/save_checkpoint"] = save_s  # the save after the previous step
+        is_last = self.global_step == c.trainer.total_steps
+        if self.val_sets and ((c.trainer.test_freq > 0 and self.global_step % c.trainer.test_freq == 0) or is_last):
+            last_val = self.validate()
+            metrics.update(last_val)
+            log.log_validation(self.global_step, last_val)
+        log.log(self.global_step, metrics)
+        if "console" in c.trainer.logger:
+            info = log.console_summary(metrics)
+            if bar is not None:
+                bar.update(self.global_step, info)
+            else:
+                print(f"step {self.global_step}/{c.trainer.total_steps} {info}", file=sys.stderr)
+        nonfinite.check(self.global_step, metrics)
+        save_s = None
+        if c.trainer.save_freq > 0 and (self.global_step % c.trainer.save_freq == 0 or is_last):
+            start = time.perf_counter()
+            self.save_checkpoint()
+            saved_at, save_s = self.global_step, time.perf_counter() - start
+        return saved_at, save_s
 
     def _summary(self, saved_at: int | None) -> None:
         path = os.path.join(self.run_dir, "validation.jsonl")
