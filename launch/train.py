@@ -8,7 +8,10 @@ Overrides use verl's dotted keys, e.g. ``actor.clip_ratio_high=0.28 trainer.tota
 validated and in every worker process: e.g. a file with one ``@register_adv_estimator("my_adv", needs=("index",))``
 function makes ``algorithm.adv_estimator=my_adv`` valid (likewise ``@register_policy_loss`` for
 ``actor.policy_loss.loss_mode``, ``@register_kl_estimator`` for ``algorithm.kl_penalty``/``actor.kl_loss_type``).
-Exit status: 0 done, 2 bad configuration / checkpoint, 3 dynamic sampling found too few informative prompts.
+Exit status (jaxrl_hf/errors.py, docs/RELIABILITY.md): 0 done, 1 a bug, 2 configuration, 3 dynamic sampling found
+too few informative prompts, 4 data, 5 checkpoint, 6 worker (died, raised, or timed out), 7 non-finite numbers,
+75 stopped by SIGTERM / Ctrl-C after a checkpoint (run the same command to resume), 130 a second Ctrl-C.
+Errors print one line; the traceback goes to <trainer.run_dir>/error.log.
 """
 
 from __future__ import annotations
