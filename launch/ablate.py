@@ -185,7 +185,8 @@ def main(argv: list[str] | None = None) -> int:
         for seed in range(args.seeds):
             run_dir = os.path.abspath(os.path.join(args.out, name, f"seed{seed}"))
             overrides = [*table[name], *(f"{k}={seed}" for k in ("rollout.seed", "data.seed", "trainer.seed")),
-                         *args.overrides, f"trainer.run_dir={run_dir}"]
+                         *args.overrides, f"trainer.run_dir={run_dir}",
+                         "trainer.overwrite=true"]  # a row cut off before its first checkpoint starts over
             try:
                 total = load_config("dapo", args.preset, overrides).trainer.total_steps
             except ConfigError as err:

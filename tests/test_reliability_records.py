@@ -35,3 +35,28 @@ def test_damage_before_the_last_line_is_named_not_repaired(tmp_path):
 
 def test_the_summary_prints_a_nan_accuracy_as_stored():
     assert _number(0.4567) == "0.457" and _number("nan") == "nan"
+
+
+def test_a_second_run_on_the_same_run_dir_refuses_naming_the_first_pid(tmp_path):
+    import os
+
+    from jaxrl_hf.trainer.run_dir import RunDirError, RunDirLock
+
+    with RunDirLock(str(tmp_path)):
+        with pytest.raises(RunDirError, match=f"in use by another run \\(pid {os.getpid()}"):
+            RunDirLock(str(tmp_path)).__enter__()
+    with RunDirLock(str(tmp_path)):  # released at exit (and by the kernel if the owner dies): taken over
+        pass
+
+
+def test_a_fresh_run_over_earlier_records_refuses_unless_overwrite(tmp_path):
+    from jaxrl_hf.errors import ExitCode
+    from jaxrl_hf.trainer.run_dir import RunDirError, check_fresh_start
+
+    check_fresh_start(str(tmp_path), overwrite=False)  # an empty directory is fine
+    _write(tmp_path / "metrics.jsonl", [{"step": 1}])
+    with pytest.raises(RunDirError, match="metrics.jsonl of an earlier run but no checkpoint") as info:
+        check_fresh_start(str(tmp_path), overwrite=False)
+    assert "trainer.overwrite=true" in str(info.value) and info.value.exit_code == ExitCode.CONFIG
+    check_fresh_start(str(tmp_path), overwrite=True)
+    assert (tmp_path / "metrics.jsonl").exists()  # nothing is deleted by the check itself

@@ -33,6 +33,9 @@ class TrainerConfig:
     balance_batch: bool = True
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl", "tensorboard"])
     progress_bar: bool = True
+    overwrite: bool = False
+    """Start from scratch in a ``run_dir`` that holds an earlier run's metrics but no checkpoint to resume from
+    (replacing its records); without it such a run refuses to start."""
     max_nonfinite_steps: int = 3
     """Stop the run (exit code 7, naming the step, role and non-finite quantities) after this many steps in a row
     in which the actor or critic skipped every update for a non-finite loss or gradient norm; 0: never."""

@@ -36,6 +36,7 @@ from jaxrl_hf.trainer import progress
 from jaxrl_hf.trainer.logging import MetricLogger, ProgressBar, read_jsonl
 from jaxrl_hf.trainer.nonfinite import NonFiniteGuard
 from jaxrl_hf.trainer.preemption import StopRequest
+from jaxrl_hf.trainer.run_dir import RunDirLock, check_fresh_start
 from jaxrl_hf.trainer.metrics import data_metrics, entropy_metric, mfu_metric, throughput_metrics, timing_metrics
 from jaxrl_hf.trainer.preflight import pin_driver_to_cpu, quick_preflight
 from jaxrl_hf.trainer.roles import RoleBuilder
@@ -206,10 +207,16 @@ class RLTrainer:
         c = self.config
         set_call_timeout(c.trainer.worker_timeout_s)
         enable_compilation_cache(c.trainer.compilation_cache_dir)
-        os.makedirs(self.run_dir, exist_ok=True)
+        with RunDirLock(self.run_dir):
+            return self._fit()
+
+    def _fit(self) -> int:
+        c = self.config
+        resume = self.ckpt.resume_path(c.trainer.resume_mode, c.trainer.resume_from_path)
+        if resume is None:
+            check_fresh_start(self.run_dir, c.trainer.overwrite)
         dump_config(c, os.path.join(self.run_dir, "config.yaml"))
         self._setup_data()
-        resume = self.ckpt.resume_path(c.trainer.resume_mode, c.trainer.resume_from_path)
         self.reward_fn = RewardFunction(c, self.tokenizer)
         self.val_reward_fn = RewardFunction(c, self.tokenizer, validation=True)
         with progress.Heartbeat(c.trainer.progress_interval_s), RoleBuilder(c) as builder:

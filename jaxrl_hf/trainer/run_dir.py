@@ -1,0 +1,66 @@
+"""One run per run directory, and nothing in it deleted silently.
+
+* ``RunDirLock``: ``<run_dir>/run.lock`` holds an exclusive ``flock`` for the life of the run (the kernel releases
+  it when the process dies, so a stale lock is simply taken over) and the owner's pid; a second run on the same
+  directory refuses, naming that pid.
+* ``check_fresh_start``: a run with no checkpoint to resume from in a directory that already holds metrics
+  refuses unless ``trainer.overwrite=true`` (the old records would otherwise be replaced).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from typing import IO
+
+from jaxrl_hf.errors import ExitCode, RunError
+
+LOCK_FILE = "run.lock"
+RECORDS = ("metrics.jsonl", "validation.jsonl")
+
+
+class RunDirError(RunError):
+    """The run directory is in use by another run, or holds records this run would overwrite."""
+
+    exit_code = ExitCode.CONFIG
+
+
+class RunDirLock:
+    """``with RunDirLock(run_dir):`` for the duration of a run."""
+
+    def __init__(self, run_dir: str) -> None:
+        self.path = os.path.join(run_dir, LOCK_FILE)
+        self._fh: IO[str] | None = None
+
+    def __enter__(self) -> "RunDirLock":
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        fh = open(self.path, "a+", encoding="utf-8")
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.seek(0)
+            owner = fh.read().strip() or "?"
+            fh.close()
+            raise RunDirError(f"trainer.run_dir={os.path.dirname(self.path)} is in use by another run (pid {owner}, "
+                              f"{self.path}); wait for it, stop it, or choose another run_dir") from None
+        fh.seek(0)
+        fh.truncate()
+        fh.write(f"{os.getpid()}\n")
+        fh.flush()
+        self._fh = fh
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._fh is not None:
+            self._fh.close()  # releases the lock; the file stays (a later run takes it over)
+            self._fh = None
+
+
+def check_fresh_start(run_dir: str, overwrite: bool) -> None:
+    """Refuse to start a run from scratch over another run's records unless ``overwrite``."""
+    found = [name for name in RECORDS if os.path.isfile(os.path.join(run_dir, name))
+             and os.path.getsize(os.path.join(run_dir, name)) > 0]
+    if found and not overwrite:
+        raise RunDirError(f"trainer.run_dir={run_dir} already holds {', '.join(found)} of an earlier run but no "
+                          f"checkpoint to resume from: set trainer.overwrite=true to replace them, or choose another "
+                          f"run_dir")
