@@ -34,8 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
-import shutil
 import time
 from typing import Any, Iterator, Mapping
 
@@ -46,13 +44,14 @@ import numpy as np
 from jaxrl_hf import mesh as meshlib
 from jaxrl_hf.config.schema import RunConfig
 from jaxrl_hf.controller import PAD_ROWS_KEY, Batch, Dispatch, Worker, register
-from jaxrl_hf.models import param_logical_axes, save_hf_dir
+from jaxrl_hf.models import param_logical_axes
 from jaxrl_hf.rollout import ENGINE_NAMES, JaxGenerationEngine, RolloutEngine, SamplingParams, make_rollout_engine
 from jaxrl_hf.rollout.loops import RolloutRequest, make_rollout_loop
 from jaxrl_hf.workers import checkpoint as ckpt
+from jaxrl_hf.workers.checkpoint import export_hf_dir
 from jaxrl_hf.workers.actor_programs import LOG_PROB_INPUTS, build_actor_update, log_probs_program
 from jaxrl_hf.workers.common import (LoadedModel, WorkerConfigError, check_sequence_parallel_heads,
-                                     copy_tokenizer_files, lm_param_shardings, load_model, pad_sequences_to,
+                                     lm_param_shardings, load_model, pad_sequences_to,
                                      reference_params, to_global, train_parallel, train_rule_set, worker_run_config)
 from jaxrl_hf.workers.generation_layout import GenerationLayout, generation_parallel
 from jaxrl_hf.workers.lora_policy import LoraPolicy
@@ -464,18 +463,7 @@ class ActorRolloutRefWorker(Worker):
         """Write the actor's current weights as an HF safetensors directory (+ tokenizer files), atomically."""
         self._require_model("export_hf")
         params = self.policy_params() if self.has_actor else self.ref_params
-        host = jax.tree.map(lambda x: np.asarray(jax.device_get(x)), params) if jax.process_count() == 1 else \
-            jax.tree.map(lambda x: np.asarray(jax.experimental.multihost_utils.process_allgather(x, tiled=True)), params)
-        host = jax.tree.map(lambda x: x.astype(np.float32) if x.dtype != np.float32 else x, host)  # a bf16 reference
-        path = os.path.abspath(path)
-        if jax.process_index() == 0:
-            tmp = f"{path}.tmp-export"
-            shutil.rmtree(tmp, ignore_errors=True)
-            save_hf_dir(tmp, host, self.model.config)
-            if self.lora is not None:  # merged weights above, the adapters alone (PEFT format) beside them
-                self.lora.save_adapter(os.path.join(tmp, "lora_adapter"), self.state.params, self.model.path)
-            copy_tokenizer_files(self.model.path, tmp)
-            if os.path.exists(path):
-                shutil.rmtree(path)
-            os.rename(tmp, path)
-        return path
+        adapters = None
+        if self.lora is not None:  # merged weights, and the adapters alone (PEFT format) beside them
+            adapters = lambda out: self.lora.save_adapter(out, self.state.params, self.model.path)  # noqa: E731
+        return export_hf_dir(path, params, self.model.config, self.model.path, adapters)

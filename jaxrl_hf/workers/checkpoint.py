@@ -21,6 +21,9 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from jaxrl_hf.models import save_hf_dir
+from jaxrl_hf.workers.common import copy_tokenizer_files
+
 FORMAT_VERSION = 1
 STATE_DIR = "state"
 META_FILE = "worker.json"
@@ -93,3 +96,25 @@ def restore_state(path: str | os.PathLike, like: Any) -> tuple[Any, dict[str, An
     except (ValueError, KeyError) as err:
         raise ValueError(f"checkpoint {path} does not match this worker's state structure: {err}") from err
     return state, meta
+
+
+def export_hf_dir(path: str, params: Any, model_config: Any, tokenizer_dir: str | None,
+                  save_adapters: Any = None) -> str:
+    """Write ``params`` (gathered to the host, float32) as an HF safetensors directory at ``path`` with the
+    tokenizer files of ``tokenizer_dir`` and, with ``save_adapters(dir)``, a ``lora_adapter/`` beside them;
+    atomically (a temporary directory renamed into place). Every process calls it; process 0 writes."""
+    host = jax.tree.map(lambda x: np.asarray(jax.device_get(x)), params) if jax.process_count() == 1 else \
+        jax.tree.map(lambda x: np.asarray(jax.experimental.multihost_utils.process_allgather(x, tiled=True)), params)
+    host = jax.tree.map(lambda x: x.astype(np.float32) if x.dtype != np.float32 else x, host)  # a bf16 reference
+    path = os.path.abspath(path)
+    if jax.process_index() == 0:
+        tmp = f"{path}.tmp-export"
+        shutil.rmtree(tmp, ignore_errors=True)
+        save_hf_dir(tmp, host, model_config)
+        if save_adapters is not None:
+            save_adapters(os.path.join(tmp, "lora_adapter"))
+        copy_tokenizer_files(tokenizer_dir, tmp)
+        if os.path.exists(path):
+            shutil.rmtree(path)
+        os.rename(tmp, path)
+    return path
