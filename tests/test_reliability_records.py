@@ -60,3 +60,21 @@ def test_a_fresh_run_over_earlier_records_refuses_unless_overwrite(tmp_path):
     assert "trainer.overwrite=true" in str(info.value) and info.value.exit_code == ExitCode.CONFIG
     check_fresh_start(str(tmp_path), overwrite=True)
     assert (tmp_path / "metrics.jsonl").exists()  # nothing is deleted by the check itself
+
+
+def test_a_resume_lists_config_changes_and_refuses_a_new_model_or_data_order(tmp_path):
+    import yaml
+
+    from jaxrl_hf.config import load_config
+    from jaxrl_hf.trainer.run_dir import RunDirError, check_resume_config
+
+    saved = load_config("grpo", "smoke", [f"trainer.run_dir={tmp_path}"]).to_dict()
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(saved))
+    longer = load_config("grpo", "smoke", [f"trainer.run_dir={tmp_path}", "trainer.total_steps=9"]).to_dict()
+    assert "trainer.total_steps: 2 -> 9" in check_resume_config(str(tmp_path / "config.yaml"), longer, False)
+    reordered = load_config("grpo", "smoke", [f"trainer.run_dir={tmp_path}", "data.seed=5", "actor.optim.lr=1e-3"])
+    with pytest.raises(RunDirError, match=r"changes the model or the data order: data.seed: 0 -> 5\. Set") as info:
+        check_resume_config(str(tmp_path / "config.yaml"), reordered.to_dict(), False)
+    assert "allow_config_change" in str(info.value) and "actor.optim.lr" not in str(info.value)
+    lines = check_resume_config(str(tmp_path / "config.yaml"), reordered.to_dict(), True)
+    assert "data.seed: 0 -> 5" in lines and any(line.startswith("actor.optim.lr:") for line in lines)

@@ -36,6 +36,9 @@ class TrainerConfig:
     overwrite: bool = False
     """Start from scratch in a ``run_dir`` that holds an earlier run's metrics but no checkpoint to resume from
     (replacing its records); without it such a run refuses to start."""
+    allow_config_change: bool = False
+    """Resume although the config changes the model or the data order (``trainer/run_dir.RESUME_FIXED``); other
+    changes are listed on resume and accepted."""
     max_nonfinite_steps: int = 3
     """Stop the run (exit code 7, naming the step, role and non-finite quantities) after this many steps in a row
     in which the actor or critic skipped every update for a non-finite loss or gradient norm; 0: never."""

@@ -36,7 +36,7 @@ from jaxrl_hf.trainer import progress
 from jaxrl_hf.trainer.logging import MetricLogger, ProgressBar, read_jsonl
 from jaxrl_hf.trainer.nonfinite import NonFiniteGuard
 from jaxrl_hf.trainer.preemption import StopRequest
-from jaxrl_hf.trainer.run_dir import RunDirLock, check_fresh_start
+from jaxrl_hf.trainer.run_dir import RunDirLock, check_fresh_start, check_resume_config
 from jaxrl_hf.trainer.metrics import data_metrics, entropy_metric, mfu_metric, throughput_metrics, timing_metrics
 from jaxrl_hf.trainer.preflight import pin_driver_to_cpu, quick_preflight
 from jaxrl_hf.trainer.roles import RoleBuilder
@@ -215,6 +215,11 @@ class RLTrainer:
         resume = self.ckpt.resume_path(c.trainer.resume_mode, c.trainer.resume_from_path)
         if resume is None:
             check_fresh_start(self.run_dir, c.trainer.overwrite)
+        else:
+            changed = check_resume_config(os.path.join(self.run_dir, "config.yaml"), c.to_dict(),
+                                          c.trainer.allow_config_change)
+            if changed:
+                print("resuming with config changes:\n  " + "\n  ".join(changed), file=sys.stderr)
         dump_config(c, os.path.join(self.run_dir, "config.yaml"))
         self._setup_data()
         self.reward_fn = RewardFunction(c, self.tokenizer)
