@@ -110,14 +110,28 @@ def test_every_algorithm_runs_two_smoke_steps(tmp_path, algo, extra):
     assert os.path.isfile(tmp_path / algo / "checkpoints" / "global_step_2" / "trainer_state.json")
 
 
-def test_dapo_dynamic_sampling_refills(tmp_path):
+def test_dapo_dynamic_sampling_refills(tmp_path, capfd):
+    """Also what a run shows of its generations: rollout / validation dumps, validation samples, num_examine."""
     scorer = tmp_path / "parity.py"
     scorer.write_text(PARITY_SCORER)
     records = train("dapo", tmp_path / "dapo", "algorithm.filter_groups.enable=true",
                     "algorithm.filter_groups.metric=score", "algorithm.filter_groups.max_num_gen_batches=12",
                     "data.gen_batch_size=2", f"custom_reward_function.path={scorer}",
-                    "reward_model.overlong_buffer.enable=false", "trainer.val_before_train=false")
+                    "reward_model.overlong_buffer.enable=false", "trainer.val_before_train=false",
+                    f"trainer.rollout_data_dir={tmp_path / 'rollouts'}", "trainer.log_val_generations=2",
+                    f"trainer.validation_data_dir={tmp_path / 'val'}",
+                    "reward_model.num_examine=1")
     assert [r["step"] for r in records] == [1, 2]
+    assert sorted(os.listdir(tmp_path / "rollouts")) == ["1.jsonl", "2.jsonl"]
+    dumped = [json.loads(x) for x in (tmp_path / "rollouts" / "2.jsonl").read_text().splitlines()]
+    assert len(dumped) == 8  # 4 prompts x n=2, only the informative groups dynamic sampling kept
+    assert {r["score"] for r in dumped} == {0.0, 1.0} and all(r["step"] == 2 for r in dumped)
+    assert all(isinstance(r["advantage"], float) and r["input"] and "gts" in r for r in dumped)
+    assert abs(sum(r["score"] for r in dumped) / 8 - records[1]["critic/score/mean"]) < 1e-6
+    val = [json.loads(x) for x in (tmp_path / "val" / "2.jsonl").read_text().splitlines()]
+    assert len(val) == 4 * 2 and all("advantage" not in r for r in val)  # smoke: 4 prompts x val.n=2
+    out = capfd.readouterr()
+    assert out.err.count("--- validation sample") == 2 and "[ground_truth]" in out.out
     for rec in records:
         assert rec["dynamic_sampling/num_gen_batches"] >= 2  # 2 prompts per round, 4 informative groups needed
         assert rec["dynamic_sampling/num_informative_prompts"] >= 4

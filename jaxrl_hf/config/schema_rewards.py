@@ -52,12 +52,17 @@ class RewardModelConfig(ScoringModelConfig):
     """Rule-based reward manager (always) plus an optional learned reward model (``enable``)."""
 
     reward_manager: Literal["naive", "dapo", "prm"] = "naive"
+    scorer: Literal["auto", "math_verify"] = "auto"
+    """The rule scorer (unless ``custom_reward_function.path`` is set): ``auto`` picks it by ``data_source``
+    (verl's ``default_compute_score``); ``math_verify``: Hugging Face's Math-Verify for every row (sympy
+    equivalence; ``pip install 'jaxrl_hf[math]'``), bounded by ``timeout_s`` like every scorer."""
     prm: PRMConfig = field(default_factory=PRMConfig)
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
     num_workers: int = 0
     """Processes scoring responses on the driver (0 = in the driver process)."""
     timeout_s: float = 10.0
     num_examine: int = 0
+    """Print this many scored responses per data source for each scored batch (response, ground truth, score)."""
     rule_weight: float = 1.0
     """Weight of the rule score when a reward model is enabled too (0 = reward model only)."""
 

@@ -48,6 +48,14 @@ class TrainerConfig:
     progress_interval_s: float = 30.0
     """While one stage (starting the workers, a validation, a step's generation or update, XLA compiling) runs
     longer than this, print what it is every this many seconds (``trainer/progress.py``); 0: never."""
+    rollout_data_dir: Optional[str] = None
+    """Write each step's trained rollouts to ``<dir>/<step>.jsonl`` (prompt, response, ground truth, score, acc,
+    reward, advantage: ``jaxrl_hf/trainer/generations.py``); null: off."""
+    validation_data_dir: Optional[str] = None
+    """Write each validation's generations to ``<dir>/<step>.jsonl`` (step 0 = before training); null: off."""
+    log_val_generations: int = 0
+    """Show this many validation samples (prompt, response, ground truth, score) after each validation: on the
+    console, in TensorBoard (text) and wandb (a table)."""
     export_hf: bool = False
     """Write the final actor as an HF safetensors directory to ``run_dir/hf_actor``."""
     ray_init_timeout_s: float = 180.0

@@ -7,6 +7,7 @@ Each failure raises ``ConfigError`` naming the key(s) involved and the rule, e.g
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 from jaxrl_hf.config.build import ConfigError
@@ -268,6 +269,10 @@ def check_data_and_rewards(config: RunConfig) -> None:
     crf = config.custom_reward_function
     if crf.path is not None and not os.path.isfile(crf.path):
         _fail("custom_reward_function.path", crf.path, "no such file")
+    if rm.scorer != "auto" and crf.path is not None:
+        _fail("reward_model.scorer", rm.scorer, "custom_reward_function.path is set too: pick one scorer")
+    if rm.scorer == "math_verify" and importlib.util.find_spec("math_verify") is None:
+        _fail("reward_model.scorer", rm.scorer, "needs the math-verify package: pip install 'jaxrl_hf[math]'")
 
 
 def check_trainer(config: RunConfig) -> None:
@@ -280,6 +285,8 @@ def check_trainer(config: RunConfig) -> None:
         _fail("trainer.max_ckpt_to_keep", t.max_ckpt_to_keep, "must be >= 1 or null (keep all)")
     if t.critic_warmup < 0:
         _fail("trainer.critic_warmup", t.critic_warmup, "must be >= 0")
+    if t.log_val_generations < 0:
+        _fail("trainer.log_val_generations", t.log_val_generations, "must be >= 0")
     check_async_rollout(config)
     for name in t.logger:
         if name not in KNOWN_LOGGERS:

@@ -54,7 +54,7 @@ IGNORED_VERL_KEYS: dict[str, str] = {
     "data.prompt_key": "data", "data.truncation": "data", "data.return_raw_chat": "data",
     "data.filter_overlong_prompts_workers": "data", "data.dataloader_num_workers": "data",
     "trainer.total_epochs": "schedule", "trainer.val_before_train": "schedule", "trainer.test_freq": "schedule",
-    "trainer.save_freq": "schedule", "trainer.device": "schedule", "trainer.log_val_generations": "logging",
+    "trainer.save_freq": "schedule", "trainer.device": "schedule",
     "actor.optim.lr_warmup_steps": "learning-rate schedule", "actor.optim.lr_warmup_steps_ratio":
     "learning-rate schedule", "actor.optim.warmup_style": "learning-rate schedule",
     "actor.use_token_level_loss": "loss aggregation (verl's old spelling of loss_agg_mode=token-mean)",

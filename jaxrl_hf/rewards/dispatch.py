@@ -105,6 +105,9 @@ class ScoreFnSpec:
     path: str | None = None
     name: str = "compute_score"
     reward_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    scorer: str = "auto"
+    """Built-in scorer when ``path`` is None: ``auto`` (by data source) or ``math_verify`` (every source;
+    `jaxrl_hf.rewards.math_verify_scorer`)."""
 
     VALID_KEYS = ("path", "name", "reward_kwargs")
 
@@ -123,7 +126,7 @@ class ScoreFnSpec:
 
     def resolve(self) -> Callable[..., dict]:
         """A callable ``(data_source, solution_str, ground_truth, extra_info) -> dict`` (see ``as_score_dict``)."""
-        base = compute_score_details if self.path is None else load_custom_score_fn(self.path, self.name)
+        base = load_custom_score_fn(self.path, self.name) if self.path is not None else builtin_scorer(self.scorer)
         bound = functools.partial(base, **self.reward_kwargs) if self.reward_kwargs else base
 
         def scored(data_source: str, solution_str: str, ground_truth: Any, extra_info: Mapping | None = None) -> dict:
@@ -132,6 +135,21 @@ class ScoreFnSpec:
             )
 
         return scored
+
+
+BUILTIN_SCORERS = ("auto", "math_verify")
+
+
+def builtin_scorer(name: str) -> Callable[..., dict]:
+    """The built-in scorer ``reward_model.scorer`` names (`BUILTIN_SCORERS`)."""
+    if name == "auto":
+        return compute_score_details
+    if name == "math_verify":
+        from jaxrl_hf.rewards import math_verify_scorer
+
+        math_verify_scorer.warm_up()  # imports outside any score's time limit
+        return math_verify_scorer.compute_score_details
+    raise ValueError(f"reward_model.scorer={name!r}: not a built-in scorer; valid: {list(BUILTIN_SCORERS)}")
 
 
 @functools.lru_cache(maxsize=32)

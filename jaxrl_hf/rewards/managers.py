@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import logging
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -27,7 +26,6 @@ from jaxrl_hf.errors import NonFiniteError
 from jaxrl_hf.rewards.dispatch import ScoreFnSpec
 from jaxrl_hf.rewards.pool import ScoreTask, make_scorer
 
-logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -85,7 +83,7 @@ class NaiveRewardManager:
     ``score_fn``: which scorer (built-in dispatch by default, or a ``custom_reward_function``).
     ``num_workers``: 0 scores in this process; N > 0 scores on N worker processes.
     ``timeout_s``: wall-clock bound for one score; a score that runs past it is 0 (with a warning).
-    ``num_examine``: how many responses per data source to log at INFO level per call.
+    ``num_examine``: how many responses per data source to print (stdout) per call, as verl's manager does.
     """
 
     name = "naive"
@@ -131,7 +129,8 @@ class NaiveRewardManager:
         for (source, text, truth, _), result in zip(tasks, results):
             if shown[source] < self.num_examine:
                 shown[source] += 1
-                logger.info("[%s] response=%r ground_truth=%r result=%r", source, text[-500:], truth, result)
+                print(f"[{source}] [response] {text[-500:]}\n[ground_truth] {truth}\n[score] {result.get('score')} "
+                      f"[acc] {result.get('acc')} [pred] {result.get('pred')}", flush=True)
 
     def _response_texts(self, response_ids: np.ndarray, mask: np.ndarray, responses: Sequence[str] | None) -> list[str]:
         if responses is not None:

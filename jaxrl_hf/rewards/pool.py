@@ -29,6 +29,7 @@ ScoreTask = tuple[str, str, Any, "Mapping | None"]
 """(data_source, solution_str, ground_truth, extra_info) of one response."""
 
 _OUTER_GRACE_S = 2.0
+_WORKER_START_TIMEOUT_S = 300.0
 
 
 def timed_out_result(timeout_s: float, task: ScoreTask, where: str) -> dict:
@@ -83,6 +84,10 @@ def _init_worker(spec: ScoreFnSpec) -> None:
     _WORKER_FN = spec.resolve()
 
 
+def _worker_ready() -> bool:
+    return _WORKER_FN is not None
+
+
 def _score_chunk(tasks: list[ScoreTask], timeout_s: float | None) -> list[dict]:
     assert _WORKER_FN is not None, "worker not initialised"
     return [score_one(_WORKER_FN, task, timeout_s) for task in tasks]
@@ -103,9 +108,16 @@ class PoolScorer:
         self._pool: Any = None
 
     def _ensure_pool(self):
+        """The pool, started if needed and waited for until a worker has run its initializer (imports, the
+        scorer's warm-up), so that no score's deadline pays for a process start."""
         if self._pool is None:
             ctx = mp.get_context("spawn")
             self._pool = ctx.Pool(self.num_workers, initializer=_init_worker, initargs=(self.spec,))
+            try:
+                self._pool.apply_async(_worker_ready).get(timeout=_WORKER_START_TIMEOUT_S)
+            except mp.TimeoutError:
+                self._terminate()
+                raise RuntimeError(f"reward pool: no scoring worker started within {_WORKER_START_TIMEOUT_S:g} s")
         return self._pool
 
     def _terminate(self) -> None:

@@ -17,8 +17,9 @@ import threading
 from collections.abc import Iterator
 
 
-class ScoreTimeout(TimeoutError):
-    """Raised inside a scorer that ran past its time limit."""
+class ScoreTimeout(BaseException):
+    """Raised inside a scorer that ran past its time limit. A ``BaseException`` (like ``KeyboardInterrupt``), so a
+    scorer's own ``except Exception`` (Math-Verify wraps every comparison in one) cannot swallow it and go on."""
 
 
 def can_arm_timer() -> bool:

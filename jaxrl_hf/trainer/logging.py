@@ -150,12 +150,25 @@ class MetricLogger:
         if self._wandb is not None:
             self._wandb.log(dict(metrics), step=step)
 
-    def log_validation(self, step: int, metrics: dict[str, float]) -> None:
-        """A validation result (step 0 = before training)."""
+    def log_validation(self, step: int, metrics: dict[str, float], samples: list[dict] | None = None) -> None:
+        """A validation result (step 0 = before training), to ``validation.jsonl``, TensorBoard and wandb; with
+        ``samples`` (``trainer.log_val_generations``) those generations too, as text / a wandb table."""
         self._append(self.validation_path, {"step": int(step), **{k: _json_value(v) for k, v in metrics.items()}})
+        columns = ("input", "output", "gts", "score")
         if self._tb is not None:
             for key, value in metrics.items():
                 self._tb.add_scalar(key, float(value), step)
+            for i, sample in enumerate(samples or []):
+                self._tb.add_text(f"val/generations/{i}", "\n\n".join(f"**{c}**: {sample.get(c)}" for c in columns), step)
+            self._tb.flush()
+        if self._wandb is not None:
+            logged: dict[str, Any] = dict(metrics)
+            if samples:
+                import wandb  # type: ignore[import-not-found]
+
+                logged["val/generations"] = wandb.Table(columns=["step", *columns],
+                                                        data=[[step, *(str(s.get(c)) for c in columns)] for s in samples])
+            self._wandb.log(logged, step=step)
 
     def console_summary(self, metrics: dict[str, float]) -> str:
         """A short ``key=value`` string of the headline metrics."""

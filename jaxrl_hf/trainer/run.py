@@ -32,6 +32,7 @@ from jaxrl_hf.trainer.checkpointing import CheckpointError, CheckpointManager, l
 from jaxrl_hf.trainer.data import collate_prompts, load_split, load_tokenizer, make_train_loader, ptx_examples
 from jaxrl_hf.trainer.dynamic_sampling import DynamicSamplingError
 from jaxrl_hf.trainer.exit_path import report
+from jaxrl_hf.trainer.generations import dump_generations, generation_records, show_samples
 from jaxrl_hf.trainer import progress
 from jaxrl_hf.trainer.logging import MetricLogger, ProgressBar, read_jsonl
 from jaxrl_hf.trainer.nonfinite import NonFiniteGuard
@@ -146,7 +147,8 @@ class RLTrainer:
         Each source is generated separately, so short arithmetic prompts are not padded to GSM8K's length."""
         c, start = self.config, time.perf_counter()
         v = c.rollout.val
-        scored = []
+        scored, records = [], []
+        self.val_samples: list[dict] = []
         uid = 0
         for name, rows in self.val_sets.items():
             size, uid0 = c.data.val_batch_size or len(rows), uid
@@ -159,15 +161,30 @@ class RLTrainer:
                 with progress.doing(f"validation of {name} (prompts {i + 1}-{uid - uid0} of {len(rows)}, "
                                     f"{v.n} samples each)"):
                     out = self.roles.actor.generate_sequences(prompts)
-                scored.append(out.select(["data_source", "uid"], []).union(
-                    self.val_reward_fn(out).select(["seq_score", "acc", "pred"], [])))
+                out = out.union(self.val_reward_fn(out).select(["seq_score", "score", "acc", "pred"], []))
+                records.extend(self._generation_records(out))
+                scored.append(out.select(["data_source", "uid", "seq_score", "acc", "pred"], []))
         if not scored:
             return {}
         batch = Batch.concat(scored, meta_conflict="first")
+        self.val_samples = self._show_generations(records)
         metrics = aggregate_validation(list(batch["data_source"]), list(batch["uid"]),
                                        {"acc": batch["acc"], "score": batch["seq_score"]}, list(batch["pred"]), v.n)
         metrics["timing_s/testing"] = time.perf_counter() - start
         return metrics
+
+    def _generation_records(self, out: Batch) -> list[dict]:
+        t = self.config.trainer
+        if not (t.validation_data_dir or t.log_val_generations > 0):
+            return []
+        return generation_records(out, self.tokenizer, self.global_step)
+
+    def _show_generations(self, records: list[dict]) -> list[dict]:
+        """Validation generations: dumped (``trainer.validation_data_dir``) and shown (``log_val_generations``)."""
+        t = self.config.trainer
+        if t.validation_data_dir:
+            dump_generations(t.validation_data_dir, self.global_step, records)
+        return show_samples(records, t.log_val_generations, self.global_step) if t.log_val_generations > 0 else []
 
     # ------------------------------------------------------------------ one step
     def train_step(self) -> dict[str, float]:
@@ -185,6 +202,9 @@ class RLTrainer:
         if self.async_rollout is not None and ctx.actor_updates():
             ctx.metrics.update(self.async_rollout.push_weights(self.global_step))  # the previous push's metrics
         ctx.timer.timings["step"] = time.perf_counter() - start
+        if c.trainer.rollout_data_dir:
+            dump_generations(c.trainer.rollout_data_dir, self.global_step,
+                             generation_records(batch, self.tokenizer, self.global_step))
         metrics = {"training/global_step": float(self.global_step), "training/epoch": float(self.loader.epoch)}
         metrics.update(ctx.metrics)
         metrics.update(data_metrics(batch, use_critic=c.critic.enable))
@@ -245,12 +265,12 @@ class RLTrainer:
         self._first_step = self.global_step + 1  # the first step of this process compiles
         if c.trainer.val_only:
             val = self.validate()
-            log.log_validation(self.global_step, val)
+            log.log_validation(self.global_step, val, self.val_samples)
             print(f"validation of the step-{self.global_step} policy: {_headline(val)}", file=sys.stderr)
             return 0
         if c.trainer.val_before_train and not resumed and self.val_sets:
             val = self.validate()
-            log.log_validation(0, val)
+            log.log_validation(0, val, self.val_samples)
             print(f"validation before training: {_headline(val)}", file=sys.stderr)
         bar = ProgressBar(c.trainer.total_steps, start=self.global_step) if c.trainer.progress_bar else None
         nonfinite = NonFiniteGuard(c.trainer.max_nonfinite_steps)
@@ -286,7 +306,7 @@ class RLTrainer:
         if self.val_sets and ((c.trainer.test_freq > 0 and self.global_step % c.trainer.test_freq == 0) or is_last):
             last_val = self.validate()
             metrics.update(last_val)
-            log.log_validation(self.global_step, last_val)
+            log.log_validation(self.global_step, last_val, self.val_samples)
         log.log(self.global_step, metrics)
         if "console" in c.trainer.logger:
             info = log.console_summary(metrics)

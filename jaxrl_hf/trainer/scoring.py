@@ -11,6 +11,7 @@ score with weight 1 (the rule score is scaled by ``reward_model.rule_weight``).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -41,7 +42,9 @@ class RewardFunction:
         """``validation=True``: the plain rule score (no overlong shaping, no reward-model mix)."""
         rm = config.reward_model
         crf = config.custom_reward_function
-        spec = ScoreFnSpec.from_config({"path": crf.path, "name": crf.name, "reward_kwargs": crf.reward_kwargs})
+        spec = dataclasses.replace(
+            ScoreFnSpec.from_config({"path": crf.path, "name": crf.name, "reward_kwargs": crf.reward_kwargs}),
+            scorer=rm.scorer)
         kwargs: dict[str, Any] = dict(tokenizer=tokenizer, num_workers=rm.num_workers, timeout_s=rm.timeout_s,
                                       num_examine=rm.num_examine)
         manager = "naive" if validation else rm.reward_manager
