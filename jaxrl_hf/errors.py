@@ -37,3 +37,10 @@ class NonFiniteError(RunError):
     non-finite loss or gradient norm ``trainer.max_nonfinite_steps`` steps in a row."""
 
     exit_code = ExitCode.NON_FINITE
+
+
+class ScorerError(RunError):
+    """A reward scorer (a user's ``custom_reward_function`` or a built-in) raised on a response; the message names
+    the response's row in the batch, its data source and ground truth; the scorer's traceback is chained."""
+
+    exit_code = ExitCode.DATA

@@ -297,6 +297,31 @@ def check_trainer(config: RunConfig) -> None:
         model = model_cfg.path
         if model != "tiny-random" and model.lower() != "smollm2-135m-instruct" and not os.path.exists(model):
             _fail(f"{key}.path", model, "not 'smollm2-135m-instruct', 'tiny-random', an HF directory or a .gguf file")
+        if os.path.isdir(model):
+            check_model_dir(f"{key}.path", model)
+
+
+def check_model_dir(key: str, path: str) -> None:
+    """An HF model directory: ``config.json`` naming a supported ``model_type``, and ``tokenizer.json``."""
+    import json
+
+    from jaxrl_hf.models.config import SUPPORTED_MODEL_TYPES
+
+    config_file = os.path.join(path, "config.json")
+    if not os.path.isfile(config_file):
+        _fail(key, path, "an HF model directory needs a config.json (and model.safetensors, tokenizer.json); "
+                         "it has none")
+    try:
+        with open(config_file, encoding="utf-8") as fh:
+            model_type = json.load(fh).get("model_type")
+    except (OSError, ValueError, AttributeError) as err:
+        _fail(key, path, f"{config_file} is not a JSON object ({err})")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        _fail(key, path, f"{config_file}: model_type {model_type!r} is not a supported architecture; supported: "
+                         f"{list(SUPPORTED_MODEL_TYPES)}")
+    if not os.path.isfile(os.path.join(path, "tokenizer.json")):
+        _fail(key, path, "no tokenizer.json in the model directory (save the tokenizer with the model: "
+                         "tokenizer.save_pretrained(dir))")
 
 
 def check_async_rollout(config: RunConfig) -> None:

@@ -7,10 +7,10 @@ from jaxrl_hf.data.io import read_many, read_rows, write_rows
 from jaxrl_hf.data.loader import PromptLoader, dataset_fingerprint
 from jaxrl_hf.data.samplers import (CurriculumSampler, RandomSampler, Sampler, SequentialSampler,
                                     informative_priority, make_sampler)
-from jaxrl_hf.data.schema import DatasetRowError, make_row, validate_row
+from jaxrl_hf.data.schema import DataFileError, DatasetRowError, make_row, validate_row
 
 __all__ = [
-    "ArithmeticConfig", "CurriculumSampler", "DatasetRowError", "FilterReport", "PromptLoader", "RandomSampler",
+    "ArithmeticConfig", "CurriculumSampler", "DataFileError", "DatasetRowError", "FilterReport", "PromptLoader", "RandomSampler",
     "Sampler", "SequentialSampler", "dataset_fingerprint", "filter_by_prompt_length", "generate_arithmetic",
     "generate_calculator",
     "informative_priority", "make_row", "make_sampler", "prompt_token_ids", "read_many", "read_rows",

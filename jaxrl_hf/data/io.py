@@ -6,7 +6,7 @@ import json
 import os
 from collections.abc import Iterable, Iterator, Sequence
 
-from jaxrl_hf.data.schema import DatasetRowError, validate_row
+from jaxrl_hf.data.schema import DataFileError, DatasetRowError, validate_row
 
 FORMATS = {".parquet": "parquet", ".jsonl": "jsonl", ".json": "jsonl"}
 
@@ -16,7 +16,7 @@ def _format_of(path: str) -> str:
     try:
         return FORMATS[ext]
     except KeyError:
-        raise ValueError(f"{path}: unsupported dataset extension {ext!r}; use one of {sorted(FORMATS)}") from None
+        raise DataFileError(f"{path}: unsupported dataset extension {ext!r}; use one of {sorted(FORMATS)}") from None
 
 
 def iter_jsonl(path: str, *, error_cls: type[Exception] = DatasetRowError, unit: str = "line") -> Iterator[tuple[int, object]]:
@@ -43,7 +43,12 @@ def read_rows(path: str, *, validate: bool = True) -> list[dict]:
     if fmt == "parquet":
         import pyarrow.parquet as pq
 
-        rows = pq.read_table(path).to_pylist()
+        try:
+            rows = pq.read_table(path).to_pylist()
+        except Exception as err:  # noqa: BLE001 - pyarrow's errors (ArrowInvalid, OSError, ...) for a bad file
+            raise DataFileError(f"{path}: not a readable parquet file ({type(err).__name__}: {err})") from err
+        if not rows:
+            raise DataFileError(f"{path}: the file has no rows")
         if validate:
             for i, row in enumerate(rows):
                 validate_row(row, source=path, index=i)
@@ -53,6 +58,8 @@ def read_rows(path: str, *, validate: bool = True) -> list[dict]:
         if validate:
             validate_row(row, source=path, index=line_no)
         rows.append(row)
+    if not rows:
+        raise DataFileError(f"{path}: the file has no rows (it is empty or blank)")
     return rows
 
 

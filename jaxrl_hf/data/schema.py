@@ -23,6 +23,10 @@ class DatasetRowError(ValueError):
     """A dataset row does not follow the schema; the message names the file and row."""
 
 
+class DataFileError(DatasetRowError):
+    """A dataset file cannot be used as a whole (empty, unreadable, an unknown format); the message names it."""
+
+
 def _where(source: str, index: int) -> str:
     return f"{source}: row {index}"
 

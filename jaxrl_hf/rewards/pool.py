@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from jaxrl_hf.errors import ScorerError
 from jaxrl_hf.rewards.dispatch import ScoreFnSpec
 from jaxrl_hf.rewards.timeouts import ScoreTimeout, can_arm_timer, time_limit
 
@@ -41,13 +42,19 @@ def timed_out_result(timeout_s: float, task: ScoreTask, where: str) -> dict:
     return {"score": 0.0, "acc": False, "pred": "", "timed_out": True}
 
 
-def score_one(fn: Callable[..., dict], task: ScoreTask, timeout_s: float | None) -> dict:
-    """Score one task with ``fn`` under ``time_limit(timeout_s)``; a timeout scores 0 (``timed_out``)."""
+def score_one(fn: Callable[..., dict], task: ScoreTask, timeout_s: float | None, row: int | None = None) -> dict:
+    """Score one task with ``fn`` under ``time_limit(timeout_s)``; a timeout scores 0 (``timed_out``). A scorer
+    that raises stops the run: ``ScorerError`` naming ``row`` (its index in the scored batch), the data source and
+    the ground truth, with the scorer's own exception chained (its traceback goes to the run's error.log)."""
     try:
         with time_limit(timeout_s):
             result = fn(*task)
     except ScoreTimeout:
         return timed_out_result(timeout_s or 0.0, task, "time limit")
+    except Exception as err:
+        raise ScorerError(f"the reward scorer raised {type(err).__name__}: {err} on row {row} of the scored batch "
+                          f"(data_source={task[0]!r}, ground_truth={task[2]!r}, response ending "
+                          f"{task[1][-120:]!r})") from err
     result.setdefault("timed_out", False)
     return result
 
@@ -69,7 +76,7 @@ class SerialScorer:
                 "serial reward scoring off the main thread (%s): per-score time limits cannot be armed;"
                 " use num_workers > 0 for bounded scoring", threading.current_thread().name,
             )
-        return [score_one(self._fn, task, self.timeout_s) for task in tasks]
+        return [score_one(self._fn, task, self.timeout_s, row) for row, task in enumerate(tasks)]
 
     def close(self) -> None:
         """Nothing to release."""
@@ -88,9 +95,9 @@ def _worker_ready() -> bool:
     return _WORKER_FN is not None
 
 
-def _score_chunk(tasks: list[ScoreTask], timeout_s: float | None) -> list[dict]:
+def _score_chunk(rows: list[int], tasks: list[ScoreTask], timeout_s: float | None) -> list[dict]:
     assert _WORKER_FN is not None, "worker not initialised"
-    return [score_one(_WORKER_FN, task, timeout_s) for task in tasks]
+    return [score_one(_WORKER_FN, task, timeout_s, row) for row, task in zip(rows, tasks)]
 
 
 class PoolScorer:
@@ -129,7 +136,7 @@ class PoolScorer:
     def _run(self, chunks: list[list[int]], tasks: Sequence[ScoreTask], results: list[dict | None]) -> list[list[int]]:
         """Run ``chunks`` (lists of task indices); fill ``results``; return the chunks that missed the deadline."""
         pool = self._ensure_pool()
-        pending = [(c, pool.apply_async(_score_chunk, ([tasks[i] for i in c], self.timeout_s))) for c in chunks]
+        pending = [(c, pool.apply_async(_score_chunk, (c, [tasks[i] for i in c], self.timeout_s))) for c in chunks]
         waves = math.ceil(sum(len(c) for c in chunks) / self.num_workers)
         deadline = time.monotonic() + self.timeout_s * max(waves, 1) + _OUTER_GRACE_S
         missed: list[list[int]] = []

@@ -18,6 +18,7 @@ from jaxrl_hf.controller import Batch
 from jaxrl_hf.data import (ArithmeticConfig, PromptLoader, filter_by_prompt_length, generate_arithmetic,
                            generate_calculator, make_sampler, prompt_token_ids, read_rows)
 from jaxrl_hf.data import gsm8k as gsm8k_data
+from jaxrl_hf.data.schema import DataFileError
 
 
 TINY_RANDOM = "tiny-random"
@@ -71,7 +72,8 @@ def load_split(config: RunConfig, split: str, tokenizer: Any) -> dict[str, list[
             rows, report = filter_by_prompt_length(rows, tokenizer, max_len, source=f"{split}:{name}")
         if not rows:
             key = "max_prompt_length" if split == "train" else "val_max_prompt_length"
-            raise ValueError(f"data.{split}_files: dataset {name!r} has no rows with prompts <= data.{key}={max_len} tokens")
+            raise DataFileError(f"data.{split}_files: dataset {name!r} has no rows with prompts <= data.{key}={max_len} "
+                                f"tokens: raise data.{key}")
         out[name] = rows
     return out
 
