@@ -298,11 +298,12 @@ def check_trainer(config: RunConfig) -> None:
         if model != "tiny-random" and model.lower() != "smollm2-135m-instruct" and not os.path.exists(model):
             _fail(f"{key}.path", model, "not 'smollm2-135m-instruct', 'tiny-random', an HF directory or a .gguf file")
         if os.path.isdir(model):
-            check_model_dir(f"{key}.path", model)
+            check_model_dir(f"{key}.path", model, needs_tokenizer=key == "model")
 
 
-def check_model_dir(key: str, path: str) -> None:
-    """An HF model directory: ``config.json`` naming a supported ``model_type``, and ``tokenizer.json``."""
+def check_model_dir(key: str, path: str, *, needs_tokenizer: bool) -> None:
+    """An HF model directory: ``config.json`` naming a supported ``model_type`` (and ``tokenizer.json`` for the
+    policy, whose tokenizer the run uses)."""
     import json
 
     from jaxrl_hf.models.config import SUPPORTED_MODEL_TYPES
@@ -319,7 +320,7 @@ def check_model_dir(key: str, path: str) -> None:
     if model_type not in SUPPORTED_MODEL_TYPES:
         _fail(key, path, f"{config_file}: model_type {model_type!r} is not a supported architecture; supported: "
                          f"{list(SUPPORTED_MODEL_TYPES)}")
-    if not os.path.isfile(os.path.join(path, "tokenizer.json")):
+    if needs_tokenizer and not os.path.isfile(os.path.join(path, "tokenizer.json")):
         _fail(key, path, "no tokenizer.json in the model directory (save the tokenizer with the model: "
                          "tokenizer.save_pretrained(dir))")
 
