@@ -64,6 +64,7 @@ class Faulty(Worker):
 
     @register(dispatch=Dispatch.ONE_TO_ALL, blocking=False)
     def hang(self, seconds: float) -> int:
+        print(f"rank {self.rank} about to wait {seconds} s", file=sys.stderr, flush=True)  # in the death message
         time.sleep(seconds)
         return self.rank
 
@@ -114,6 +115,9 @@ def test_killed_process_is_reported_not_waited_on(ray_cluster):
             future.get(timeout_s=60)
         assert time.monotonic() - start < 30
         assert (info.value.pool, info.value.role, info.value.rank, info.value.method) == ("doomed", "victim", 1, "hang")
+        message = str(info.value)  # Ray's pid and exit detail, and the last lines of the worker's own log
+        assert f"(pid {pids[1]})" in message and "exit detail:" in message, message
+        assert "last lines of its log" in message and "rank 1 about to wait 120.0 s" in message, message
         with pytest.raises(PoolBrokenError, match="'doomed' is unusable.*rank 1 died"):
             group.pids()
     finally:

@@ -22,6 +22,8 @@ import ray
 from jaxrl_hf.controller.batch import PAD_ROWS_KEY, Batch
 from jaxrl_hf.controller.errors import ControllerError, WorkerDiedError, WorkerMethodError, WorkerTimeoutError
 from jaxrl_hf.controller.layout import GroupLayout
+from jaxrl_hf.controller.worker_logs import describe_death
+
 
 class CollectRule(StructuralType):
     """What a `GroupFuture` needs of its transfer protocol (``protocols.Protocol`` is one): how to collect the
@@ -178,7 +180,7 @@ def resolve_deferred(value: Any) -> tuple[Any, int]:
 def _describe_failure(err: Exception, pool: str, role: str, rank: int, method: str) -> Exception:
     """Driver-side exception for a failed rank, naming pool, role, rank and method."""
     if isinstance(err, ray.exceptions.RayActorError):
-        return WorkerDiedError(pool, role, rank, method, str(err).strip().splitlines()[0])
+        return WorkerDiedError(pool, role, rank, method, describe_death(str(err)))
     if isinstance(err, ray.exceptions.RayTaskError):
         cause = getattr(err, "cause", None)
         if isinstance(cause, WorkerMethodError):  # rebuilt: Ray's wrapper mixes in its own text
@@ -186,7 +188,7 @@ def _describe_failure(err: Exception, pool: str, role: str, rank: int, method: s
                 cause.role, cause.rank, cause.method, cause.remote_type, cause.remote_traceback
             )
         if isinstance(cause, ray.exceptions.RayActorError):
-            return WorkerDiedError(pool, role, rank, method, str(cause).strip().splitlines()[0])
+            return WorkerDiedError(pool, role, rank, method, describe_death(str(cause)))
         return WorkerMethodError(role, rank, method, type(cause or err).__name__, str(err))
     return ControllerError(f"pool {pool!r} role {role!r} rank {rank} method {method!r}: {err!r}")
 
