@@ -3,6 +3,7 @@ command then resumes from that checkpoint and finishes, every step logged once. 
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -69,3 +70,77 @@ def test_sigterm_saves_at_the_step_boundary_and_the_same_command_resumes(tmp_pat
     assert f"resumed from {run_dir / 'checkpoints' / f'global_step_{step}'} (step {step})" in resumed.stderr
     steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3, 4]
+
+
+PARITY_SCORER = '''
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    """1 when the decoded response has an even number of characters: random text passes about half the time."""
+    return float(len(solution_str) % 2 == 0)
+'''
+
+
+def ray_workers(pids: list[int]) -> list[tuple[int, str]]:
+    """``(pid, Ray's process title)`` of the Ray actor processes among ``pids`` (``ray::<Class>...``)."""
+    out = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                title = fh.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            continue
+        if title.startswith("ray::ProcessHost"):  # the JAX processes of the worker groups
+            out.append((pid, title))
+    return out
+
+
+def test_a_sigkilled_worker_stops_the_run_by_name_and_the_same_command_resumes_to_the_same_numbers(tmp_path):
+    """A real worker process of a smoke run is SIGKILLed once step 2 is logged (while its checkpoint is written or
+    step 3 runs): the driver exits 6 naming the role, rank, method and pid and leaves no process behind; the same
+    command resumes from the newest complete checkpoint, and step 3's metrics equal an uninterrupted run's."""
+    from jaxrl_hf.trainer.metrics import is_wall_clock_metric
+
+    scorer = tmp_path / "parity.py"
+    scorer.write_text(PARITY_SCORER)  # non-zero advantages: the update moves the weights
+
+    def command(run_dir):
+        return [sys.executable, os.path.join(REPO, "launch", "train.py"), "--algo", "grpo", "--preset", "smoke",
+                f"trainer.run_dir={run_dir}", "trainer.total_steps=3", "trainer.save_freq=1", "trainer.test_freq=0",
+                "trainer.val_before_train=false", "trainer.progress_bar=false", f"custom_reward_function.path={scorer}"]
+
+    def records(run_dir):
+        return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+    full = subprocess.run(command(tmp_path / "full"), capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert full.returncode == 0, full.stderr[-4000:]
+
+    run_dir = tmp_path / "killed"
+    proc = subprocess.Popen(command(run_dir), stderr=subprocess.PIPE, text=True, cwd=REPO)
+    lines, victim = [], None
+    for line in proc.stderr:  # blocks until the trainer prints; no sleeping
+        lines.append(line)
+        if line.startswith("step 2/3"):  # step 2 is logged and checkpointed; step 3 is starting
+            workers = ray_workers(descendants(proc.pid))
+            assert workers, "no Ray worker process found under the driver"
+            victim = workers[0]
+            os.kill(victim[0], signal.SIGKILL)
+            break
+    children = descendants(proc.pid)
+    lines += list(proc.stderr)
+    proc.wait(timeout=120)
+    err = "".join(lines)
+    assert proc.returncode == 6, err[-4000:]  # ExitCode.WORKER
+    assert "died while role" in err and f"(pid {victim[0]})" in err, err[-3000:]
+    assert "Traceback" not in err and (run_dir / "error.log").is_file()
+    assert children and not [pid for pid in children if alive(pid)], "processes left behind"
+
+    resumed = subprocess.run(command(run_dir), capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    assert re.search(rf"resumed from {re.escape(str(run_dir / 'checkpoints'))}/global_step_([12]) \(step \1\)",
+                     resumed.stderr), resumed.stderr[-3000:]
+    got, want = records(run_dir), records(tmp_path / "full")
+    assert [r["step"] for r in got] == [1, 2, 3]
+
+    def comparable(record):
+        return {k: v for k, v in record.items() if not is_wall_clock_metric(k)}
+
+    assert comparable(got[2]) == comparable(want[2]) and want[2]["actor/ppo_kl"] != 0

@@ -28,6 +28,7 @@ import zlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from jaxrl_hf.controller import ControllerError
 from jaxrl_hf.errors import ExitCode, RunError
 
 logger = logging.getLogger(__name__)
@@ -154,9 +155,12 @@ class CheckpointManager:
         except Exception as err:  # disk full, permissions, a worker that failed to write its part
             shutil.rmtree(tmp, ignore_errors=True)
             kept = list_checkpoints(self.ckpt_dir)
-            raise CheckpointError(f"saving the step-{step} checkpoint into {self.ckpt_dir} failed: "
-                                  f"{type(err).__name__}: {err}; the previous checkpoints are kept: "
-                                  f"{['global_step_%d' % s for s in kept] or 'none'}") from err
+            failure = CheckpointError(f"saving the step-{step} checkpoint into {self.ckpt_dir} failed: "
+                                      f"{type(err).__name__}: {err}; the previous checkpoints are kept: "
+                                      f"{['global_step_%d' % s for s in kept] or 'none'}")
+            if isinstance(err, ControllerError):  # a worker died or hung while writing: a worker failure
+                failure.exit_code = ExitCode.WORKER
+            raise failure from err
         final = step_dir(self.ckpt_dir, step)
         if os.path.exists(final):  # re-saving a step (e.g. a resumed run ending where it started)
             shutil.rmtree(final)
