@@ -1,0 +1,47 @@
+"""The config checks that look at the file system: data files, model and reward-model directories, user files.
+
+Kept apart from `jaxrl_hf.config.validate` so that ``launch/train.py --dry-run`` can check a config written for
+another machine: `path_problems` lists what is missing here (the dry run prints it), `check_paths` raises on the
+first (a run).
+"""
+
+from __future__ import annotations
+
+import os
+
+from jaxrl_hf.config.build import ConfigError
+from jaxrl_hf.config.schema import RunConfig
+
+BUILTIN_DATASETS = ("arithmetic", "calculator", "gsm8k")
+BUILTIN_MODELS = ("tiny-random", "smollm2-135m-instruct")
+
+
+def path_problems(config: RunConfig) -> list[tuple[str, object, str]]:
+    """``(dotted key, value, what is missing)`` for every path of ``config`` that does not exist here."""
+    d, out = config.data, []
+    for key, files in (("data.train_files", d.train_files), ("data.val_files", d.val_files),
+                       ("data.ptx_files", d.ptx_files)):
+        out += [(key, name, f"not a built-in dataset {list(BUILTIN_DATASETS)} and no such file")
+                for name in files if name not in BUILTIN_DATASETS and not os.path.isfile(name)]
+    if ("gsm8k" in d.train_files + d.val_files + d.ptx_files) and not os.path.isdir(d.gsm8k_dir):
+        out.append(("data.gsm8k_dir", d.gsm8k_dir, "no such directory (needed for the 'gsm8k' dataset)"))
+    prm = config.reward_model.prm.path
+    if config.reward_model.reward_manager == "prm" and prm and not os.path.isdir(prm):
+        out.append(("reward_model.prm.path", prm, "no such PRM directory (launch/train_prm.py --out)"))
+    crf = config.custom_reward_function.path
+    if crf is not None and not os.path.isfile(crf):
+        out.append(("custom_reward_function.path", crf, "no such file"))
+    tools = config.rollout.multi_turn.tool_config_path
+    if tools is not None and not os.path.isfile(tools):
+        out.append(("rollout.multi_turn.tool_config_path", tools, "no such file"))
+    for key, model_cfg in (("model", config.model), ("critic.model", config.critic.model)):
+        if model_cfg is not None and model_cfg.path.lower() not in BUILTIN_MODELS and not os.path.exists(model_cfg.path):
+            out.append((f"{key}.path", model_cfg.path,
+                        "not 'smollm2-135m-instruct', 'tiny-random', an HF directory or a .gguf file"))
+    return out
+
+
+def check_paths(config: RunConfig) -> None:
+    """Raise ``ConfigError`` naming the first missing path (`path_problems`)."""
+    for key, value, rule in path_problems(config)[:1]:
+        raise ConfigError(f"config key '{key}'={value!r}: {rule}")
