@@ -178,10 +178,14 @@ def load_config_with_report(algo: str, preset: str | Sequence[str] | None = None
     inherit_critic_model(data)
     if data.get("algo") != algo:
         raise ConfigError(f"config key 'algo' is {data.get('algo')!r} but --algo is {algo!r}; set the algorithm with --algo")
-    config = build_dataclass(RunConfig, data)
-    config = import_config_modules(dataclasses.replace(config, imports=[*config.imports, *imports]))
-    config = resolve_defaults(config)
-    validate_config(config, check_paths=check_paths)
+    try:
+        config = build_dataclass(RunConfig, data)
+        config = import_config_modules(dataclasses.replace(config, imports=[*config.imports, *imports]))
+        config = resolve_defaults(config)
+        validate_config(config, check_paths=check_paths)
+    except ConfigError as err:
+        origins = [f"'{target}' is verl's '{key}'" for key, target in report.renamed if f"'{target}'" in str(err)]
+        raise ConfigError(f"{err} ({'; '.join(origins)})" if origins else str(err)) from None
     return config, report
 
 

@@ -46,6 +46,7 @@ RENAMED: dict[str, str] = {
     "algorithm.rollout_correction.rollout_is_threshold": "actor.rollout_correction.threshold",
     "algorithm.rollout_correction.bypass_mode": "actor.rollout_correction.bypass_mode",
     "reward_model.reward_kwargs.overlong_buffer_cfg.": "reward_model.overlong_buffer.",
+    "custom_reward_function.overlong_buffer.": "reward_model.overlong_buffer.",
 }
 
 
@@ -59,7 +60,13 @@ def _unless_negative(value: Any) -> Any:
     return None if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0 else value
 
 
+def _token_level(value: Any) -> Any:
+    """verl's old ``use_token_level_loss``: true is ``loss_agg_mode=token-mean``, false ``seq-mean-token-mean``."""
+    return {True: "token-mean", False: "seq-mean-token-mean"}.get(value, value) if isinstance(value, bool) else value
+
+
 CONVERTED: dict[str, tuple[str, Callable[[Any], Any]]] = {
+    "actor.use_token_level_loss": ("actor.loss_agg_mode", _token_level),
     "rollout.val_kwargs.do_sample": ("rollout.val.greedy", _negated),
     "actor.optim.lr_warmup_steps": ("actor.optim.warmup_steps", _unless_negative),
     "critic.optim.lr_warmup_steps": ("critic.optim.warmup_steps", _unless_negative),

@@ -130,8 +130,8 @@ def classify_key(raw: str, value: Any) -> KeyVerdict:
         reason, harmless = UNSUPPORTED[unsupported]
         parsed = parsed_value(value)
         if any(_same(parsed, h) for h in harmless):
-            return KeyVerdict(raw, "ignored", note=f"{parsed!r} is what happens here anyway ({reason})")
-        return KeyVerdict(raw, "error", note=f"verl key '{raw}'={value!r} is not supported: {reason}")
+            return KeyVerdict(raw, "ignored", note=f"{parsed!r} is the behaviour here; other values are refused: {reason}")
+        return KeyVerdict(raw, "error", note=f"verl key '{raw}={value}' is not supported: {reason}")
     close = suggestion(key)
     if ignored is not None and (ignored == key or close is None or not close.startswith(ignored)):
         return KeyVerdict(raw, "ignored", note=IGNORED[ignored])
