@@ -105,10 +105,12 @@ def known_keys() -> tuple[str, ...]:
     return tuple(sorted(set(schema_keys()) | {k for k in tables if not k.endswith((".", "_"))}))
 
 
-def suggestion(key: str) -> str | None:
-    """The known key closest to ``key`` (`SUGGEST_CUTOFF`), or None."""
-    close = difflib.get_close_matches(key, known_keys(), n=1, cutoff=SUGGEST_CUTOFF)
-    return close[0] if close else None
+def suggestion(key: str, within: str = "") -> str | None:
+    """The known key closest to ``key`` (`SUGGEST_CUTOFF`), or None; with ``within`` (a prefix of ``key``) only
+    keys under that prefix, compared by the rest of the key (a long shared prefix does not make keys alike)."""
+    rest = {k[len(within):]: k for k in known_keys() if k.startswith(within) and k != key}
+    close = difflib.get_close_matches(key[len(within):], list(rest), n=1, cutoff=SUGGEST_CUTOFF)
+    return rest[close[0]] if close else None
 
 
 def classify_key(raw: str, value: Any) -> KeyVerdict:
@@ -132,9 +134,9 @@ def classify_key(raw: str, value: Any) -> KeyVerdict:
         if any(_same(parsed, h) for h in harmless):
             return KeyVerdict(raw, "ignored", note=f"{parsed!r} is the behaviour here; other values are refused: {reason}")
         return KeyVerdict(raw, "error", note=f"verl key '{raw}={value}' is not supported: {reason}")
-    close = suggestion(key)
-    if ignored is not None and (ignored == key or close is None or not close.startswith(ignored)):
+    if ignored is not None and (ignored == key or suggestion(key, within=ignored) is None):
         return KeyVerdict(raw, "ignored", note=IGNORED[ignored])
+    close = suggestion(key, within=ignored or "")
     read_as = f" (read as '{key}')" if key != raw else ""
     if close is not None:
         unknown = unknown.replace(f"unknown config key '{key}';",
@@ -152,7 +154,7 @@ def key_kind(key: str) -> str:
     ignored, unsupported = matching_entry(canon, IGNORED), matching_entry(canon, UNSUPPORTED)
     if unsupported is not None and len(unsupported) >= len(ignored or ""):
         return "conditional" if UNSUPPORTED[unsupported][1] else "unsupported"
-    return "ignored" if ignored is not None else "unknown"
+    return "ignored" if classify_key(key, None).kind == "ignored" else "unknown"
 
 
 @dataclasses.dataclass
