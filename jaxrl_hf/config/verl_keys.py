@@ -71,8 +71,9 @@ def canonical_key(key: str) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class KeyVerdict:
-    """What one ``key=value`` does: ``kind`` ``set`` (``target`` = ``value``), ``ignored`` or ``error`` (``note``
-    says why)."""
+    """What one ``key=value`` does: ``kind`` ``set`` (``target`` = ``value``), ``ignored``, ``error`` (a verl key
+    that is not supported) or ``unknown`` (a key nobody knows, with "did you mean" when one is close); ``note``
+    says why."""
 
     key: str
     kind: str
@@ -141,7 +142,7 @@ def classify_key(raw: str, value: Any) -> KeyVerdict:
     if close is not None:
         unknown = unknown.replace(f"unknown config key '{key}';",
                                   f"unknown config key '{raw}'{read_as}: did you mean '{close}'? -", 1)
-    return KeyVerdict(raw, "error", note=unknown)
+    return KeyVerdict(raw, "unknown", note=unknown)
 
 
 def key_kind(key: str) -> str:
@@ -168,7 +169,7 @@ class KeyReport:
 
     def record(self, verdict: KeyVerdict, source: str) -> None:
         """Note ``verdict`` (from ``source``: a file or an override) in the lists it belongs to."""
-        if verdict.kind == "error":
+        if verdict.kind in ("error", "unknown"):
             self.errors.append(f"{source}: {verdict.note}")
         elif verdict.kind == "ignored":
             self.ignored.append((verdict.key, verdict.note))
