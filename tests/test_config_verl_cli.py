@@ -176,7 +176,8 @@ def test_dry_run_touches_nothing(tmp_path):
     assert json.loads(probe_line) == {"code": 0, "ray": False, "backends": False}
     config = yaml.safe_load("\n".join(printed))
     assert config["model"]["path"] == "/nonexistent/model" and config["actor"]["ppo_micro_batch_size_per_device"] == 2
-    assert config["data"]["train_files"] == ["/nonexistent/train.parquet"] and config["trainer"]["run_dir"] == str(run_dir)
+    assert config["data"]["train_files"] == ["/nonexistent/train.parquet"]
+    assert config["trainer"]["run_dir"] == str(run_dir)
     report = "\n".join(line for line in printed if line.startswith("#"))
     assert "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu -> actor.ppo_micro_batch_size_per_device" in report
     assert "trainer.total_epochs: the run length here is trainer.total_steps" in report

@@ -33,7 +33,8 @@ def report_lines(config: RunConfig, report: KeyReport) -> list[str]:
         lines += [f"#   {key}: {reason}" for key, reason in report.ignored]
     missing = path_problems(config)
     if missing:
-        lines.append(f"# {len(missing)} path(s) not found on this machine (not checked in a dry run; a run needs them):")
+        lines.append(f"# {len(missing)} path(s) not found on this machine (not checked in a dry run; a run needs "
+                     "them):")
         lines += [f"#   {key}={value}: {rule}" for key, value, rule in missing]
     return lines
 

@@ -222,7 +222,8 @@ def check_actor(config: RunConfig) -> None:
     _positive("rollout.multi_turn.max_tool_response_length", mt.max_tool_response_length)
     if mt.format != "hermes":
         _fail("rollout.multi_turn.format", mt.format, "only 'hermes' (<tool_call>{json}</tool_call>) is supported")
-    if mt.tool_config_path is not None and os.path.isfile(mt.tool_config_path):  # the tools are built here once, so a bad entry fails before any worker
+    # the tools are built here once, so a bad entry fails before any worker (a missing file: validate_paths)
+    if mt.tool_config_path is not None and os.path.isfile(mt.tool_config_path):
         from jaxrl_hf.agent import load_tool_config
 
         try:

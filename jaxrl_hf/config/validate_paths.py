@@ -13,7 +13,6 @@ from jaxrl_hf.config.build import ConfigError
 from jaxrl_hf.config.schema import RunConfig
 
 BUILTIN_DATASETS = ("arithmetic", "calculator", "gsm8k")
-BUILTIN_MODELS = ("tiny-random", "smollm2-135m-instruct")
 
 
 def path_problems(config: RunConfig) -> list[tuple[str, object, str]]:
@@ -35,7 +34,9 @@ def path_problems(config: RunConfig) -> list[tuple[str, object, str]]:
     if tools is not None and not os.path.isfile(tools):
         out.append(("rollout.multi_turn.tool_config_path", tools, "no such file"))
     for key, model_cfg in (("model", config.model), ("critic.model", config.critic.model)):
-        if model_cfg is not None and model_cfg.path.lower() not in BUILTIN_MODELS and not os.path.exists(model_cfg.path):
+        if model_cfg is None or model_cfg.path == "tiny-random" or model_cfg.path.lower() == "smollm2-135m-instruct":
+            continue
+        if not os.path.exists(model_cfg.path):
             out.append((f"{key}.path", model_cfg.path,
                         "not 'smollm2-135m-instruct', 'tiny-random', an HF directory or a .gguf file"))
     return out

@@ -175,15 +175,17 @@ _MOE = "mixture-of-experts models are not supported here"
 _NONE = (None, "null", "None", "none", "~")
 
 UNSUPPORTED: dict[str, tuple[str, tuple[Any, ...]]] = {
-    "actor.ppo_micro_batch_size": ("verl's deprecated global micro-batch size; use actor.ppo_micro_batch_size_per_device "
-                                   "(verl's ppo_micro_batch_size_per_gpu) instead", _NONE),
+    "actor.ppo_micro_batch_size": ("verl's deprecated global micro-batch size; use "
+                                   "actor.ppo_micro_batch_size_per_device (verl's ppo_micro_batch_size_per_gpu) "
+                                   "instead", _NONE),
     "rollout.log_prob_micro_batch_size": ("verl's deprecated global micro-batch size; use "
                                           "actor.log_prob_micro_batch_size_per_device instead", _NONE),
     "ref.log_prob_micro_batch_size": ("verl's deprecated global micro-batch size; use "
                                       "actor.log_prob_micro_batch_size_per_device instead", _NONE),
     "critic.ppo_micro_batch_size": ("verl's deprecated global micro-batch size; use "
                                     "critic.ppo_micro_batch_size_per_device instead", _NONE),
-    "data.prompt_key": ("rows hold their prompt in the 'prompt' column (verl's default); rename the column", ("prompt",)),
+    "data.prompt_key": ("rows hold their prompt in the 'prompt' column (verl's default); rename the column",
+                        ("prompt",)),
     "data.truncation": ("prompts are never truncated here: over-long ones are dropped with "
                         "data.filter_overlong_prompts=true or raise an error (verl's 'error'); raise "
                         "data.max_prompt_length instead", ("error",)),

@@ -133,7 +133,8 @@ def classify_key(raw: str, value: Any) -> KeyVerdict:
         reason, harmless = UNSUPPORTED[unsupported]
         parsed = parsed_value(value)
         if any(_same(parsed, h) for h in harmless):
-            return KeyVerdict(raw, "ignored", note=f"{parsed!r} is the behaviour here; other values are refused: {reason}")
+            return KeyVerdict(raw, "ignored",
+                              note=f"{parsed!r} is the behaviour here; other values are refused: {reason}")
         return KeyVerdict(raw, "error", note=f"verl key '{raw}={value}' is not supported: {reason}")
     if ignored is not None and (ignored == key or suggestion(key, within=ignored) is None):
         return KeyVerdict(raw, "ignored", note=IGNORED[ignored])
