@@ -12,6 +12,8 @@ Exit status (jaxrl_hf/errors.py, docs/RELIABILITY.md): 0 done, 1 a bug, 2 config
 too few informative prompts, 4 data, 5 checkpoint, 6 worker (died, raised, or timed out), 7 non-finite numbers,
 75 stopped by SIGTERM / Ctrl-C after a checkpoint (run the same command to resume), 130 a second Ctrl-C.
 Errors print one line; the traceback goes to <trainer.run_dir>/error.log.
+``--dry-run`` only checks and prints the resolved config (verl command lines included: their keys are renamed,
+accepted with a reason, or refused together with the reason for each); it loads no data or model, starts nothing.
 """
 
 from __future__ import annotations
@@ -32,8 +34,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--import", dest="imports", action="append", default=[], metavar="FILE_OR_MODULE",
                         help="a .py file or a dotted module name to import before the config is validated, in this "
                              "process and in every worker process (repeatable; added to the config key 'imports')")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="only load, alias and validate the config (verl keys included) and print it with a report "
+                             "of renamed and ignored keys; touches no data, model, device or Ray (exit 0 valid, 2 not)")
     parser.add_argument("overrides", nargs="*", help="dotted config overrides, e.g. actor.clip_ratio_high=0.28")
     args = parser.parse_args(argv)
+    if args.dry_run:
+        from jaxrl_hf.config.dry_run import dry_run
+
+        return dry_run(args.algo, args.preset, args.overrides, args.imports)
     from jaxrl_hf.trainer import run
 
     return run(args.algo, preset=args.preset, overrides=args.overrides, imports=args.imports)

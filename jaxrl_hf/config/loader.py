@@ -10,30 +10,21 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import logging
 import os
-import typing
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
 import yaml
 
-from jaxrl_hf.config.build import ConfigError, build_dataclass, field_types
+from jaxrl_hf.config.build import ConfigError, build_dataclass
 from jaxrl_hf.config.resolve import resolve_defaults
 from jaxrl_hf.config.schema import ALGOS, RunConfig
+from jaxrl_hf.config.schema_paths import check_path, is_schema_key, is_schema_section, schema_keys  # noqa: F401
 from jaxrl_hf.config.validate import validate_config
+from jaxrl_hf.config.verl_keys import KEY_ALIASES, KeyReport, canonical_key, classify_key  # noqa: F401
 from jaxrl_hf.user_modules import UserModuleError, import_user_modules
-
-# verl spellings accepted on the command line / in YAML, mapped to this schema's keys.
-KEY_ALIASES: dict[str, str] = {
-    "actor_rollout_ref.actor": "actor",
-    "actor_rollout_ref.rollout": "rollout",
-    "actor_rollout_ref.ref": "ref",
-    "actor_rollout_ref.model": "model",
-    "trainer.total_training_steps": "trainer.total_steps",
-    "trainer.default_local_dir": "trainer.run_dir",
-}
-
 
 def config_dir() -> Path:
     """``$JAXRL_HF_CONFIG_DIR`` or the repository's ``configs/``."""
@@ -41,80 +32,60 @@ def config_dir() -> Path:
     return Path(env) if env else Path(__file__).resolve().parents[2] / "configs"
 
 
-def canonical_key(key: str) -> str:
-    """Map a verl alias prefix (``actor_rollout_ref.actor.x``) to this schema's key (``actor.x``)."""
-    for alias, target in sorted(KEY_ALIASES.items(), key=lambda kv: -len(kv[0])):
-        if key == alias or key.startswith(alias + "."):
-            return target + key[len(alias) :]
-    return key
-
-
-def _section_type(tp: Any) -> Any:
-    """The dataclass inside ``Optional[...]`` (or ``tp`` itself)."""
-    if typing.get_origin(tp) in (Union, getattr(__import__("types"), "UnionType")):
-        for arg in typing.get_args(tp):
-            if dataclasses.is_dataclass(arg):
-                return arg
-    return tp
-
-
-def _check_path(parts: Sequence[str], source: str) -> bool:
-    """Check a dotted key against the schema; returns True when it ends inside a free-form dict field."""
-    cls: Any = RunConfig
-    for depth, part in enumerate(parts):
-        if not dataclasses.is_dataclass(cls):
-            if typing.get_origin(cls) is dict or cls is dict:
-                return True
-            parent = ".".join(parts[:depth])
-            raise ConfigError(f"{source}: config key '{parent}' is a value, not a section; cannot set '{'.'.join(parts)}'")
-        types_ = field_types(cls)
-        if part not in types_:
-            parent = ".".join(parts[:depth])
-            where = f"under '{parent}'" if parent else "at the top level"
-            raise ConfigError(
-                f"{source}: unknown config key '{'.'.join(parts)}'; valid keys {where}: {list(types_)}"
-            )
-        cls = _section_type(types_[part])
-    return False
-
-
 def is_known_key(key: str) -> bool:
     """Whether the dotted ``key`` (verl aliases allowed) names a field of the schema (or a key inside a free-form
     mapping field)."""
-    try:
-        _check_path(tuple(canonical_key(key).split(".")), "key")
-    except ConfigError:
-        return False
-    return True
+    return is_schema_key(canonical_key(key))
 
 
-def schema_keys(cls: Any = RunConfig, prefix: str = "") -> list[str]:
-    """Every dotted leaf key of the schema (sections expanded, free-form mappings as their own key)."""
-    out: list[str] = []
-    for name, tp in field_types(cls).items():
-        section = _section_type(tp)
-        if dataclasses.is_dataclass(section):
-            out += schema_keys(section, f"{prefix}{name}.")
+def _set_key(base: dict[str, Any], key: str, value: Any, from_text: bool) -> None:
+    """Set the dotted schema ``key`` in the nested dict ``base`` (a free-form mapping's text value is YAML-read)."""
+    parts = key.split(".")
+    free_form = check_path(parts, "")
+    target = base
+    for part in parts[:-1]:
+        nxt = target.get(part)
+        if not isinstance(nxt, dict):
+            nxt = {}
+            target[part] = nxt
+        target = nxt
+    if free_form and from_text:
+        value = yaml.safe_load(value) if value else value
+    target[parts[-1]] = copy.deepcopy(value)
+
+
+def _apply_key(base: dict[str, Any], key: str, value: Any, source: str, report: KeyReport, from_text: bool) -> None:
+    """Classify ``key=value`` (`jaxrl_hf.config.verl_keys.classify_key`), record it in ``report`` and set it."""
+    verdict = classify_key(key, value)
+    report.record(verdict, source)
+    if verdict.kind == "set":
+        _set_key(base, verdict.target, verdict.value, from_text and verdict.value is value)
+
+
+def _flatten_layer(layer: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    """``(dotted key, value)`` pairs of a YAML layer: mappings are descended into unless their key is a value
+    field of the schema (a free-form mapping such as ``custom_reward_function.reward_kwargs`` is one value)."""
+    out: list[tuple[str, Any]] = []
+    for raw_key, value in layer.items():
+        key = f"{prefix}{raw_key}"
+        canon = canonical_key(key)
+        if isinstance(value, dict) and value and (is_schema_section(canon) or not is_schema_key(canon)):
+            out += _flatten_layer(value, key + ".")
         else:
-            out.append(f"{prefix}{name}")
+            out.append((key, value))
     return out
 
 
-def merge_layer(base: dict[str, Any], layer: dict[str, Any], source: str, prefix: tuple[str, ...] = ()) -> None:
-    """Deep-merge ``layer`` into ``base`` in place, checking every key against the schema."""
+def merge_layer(base: dict[str, Any], layer: dict[str, Any], source: str, report: KeyReport | None = None) -> None:
+    """Deep-merge the YAML ``layer`` into ``base`` in place, every key checked; problems go to ``report`` (given)
+    or are raised together at the end."""
     if not isinstance(layer, dict):
-        raise ConfigError(f"{source}: expected a mapping at '{'.'.join(prefix) or '<root>'}', got {layer!r}")
-    for raw_key, value in layer.items():
-        key = str(raw_key)
-        parts = tuple(canonical_key(".".join((*prefix, key))).split("."))
-        free_form = _check_path(parts, source)
-        target = base
-        for part in parts[:-1]:
-            target = target.setdefault(part, {})
-        if isinstance(value, dict) and isinstance(target.get(parts[-1]), dict) and not free_form:
-            merge_layer(base, value, source, parts)
-        else:
-            target[parts[-1]] = copy.deepcopy(value)
+        raise ConfigError(f"{source}: expected a mapping at the top level, got {layer!r}")
+    own = report if report is not None else KeyReport()
+    for key, value in _flatten_layer(layer):
+        _apply_key(base, key, value, source, own, from_text=False)
+    if report is None:
+        own.raise_errors()
 
 
 def parse_override(text: str) -> tuple[str, str]:
@@ -126,22 +97,19 @@ def parse_override(text: str) -> tuple[str, str]:
     return key, value
 
 
-def apply_overrides(base: dict[str, Any], overrides: Iterable[str]) -> None:
-    """Apply dotted ``key=value`` overrides to the nested dict ``base`` in place."""
+def apply_overrides(base: dict[str, Any], overrides: Iterable[str], report: KeyReport | None = None) -> None:
+    """Apply dotted ``key=value`` overrides to the nested dict ``base`` in place; problems go to ``report``
+    (given) or are raised together at the end."""
+    own = report if report is not None else KeyReport()
     for text in overrides:
-        key, value = parse_override(text)
-        parts = canonical_key(key).split(".")
-        free_form = _check_path(parts, f"override {text!r}")
-        target = base
-        for part in parts[:-1]:
-            nxt = target.get(part)
-            if not isinstance(nxt, dict):
-                nxt = {}
-                target[part] = nxt
-            target = nxt
-        if free_form:
-            value = yaml.safe_load(value) if value else value
-        target[parts[-1]] = value
+        try:
+            key, value = parse_override(text)
+        except ConfigError as err:
+            own.errors.append(str(err))
+            continue
+        _apply_key(base, key, value, f"override {text!r}", own, from_text=True)
+    if report is None:
+        own.raise_errors()
 
 
 def inherit_critic_model(data: dict[str, Any]) -> None:
@@ -186,31 +154,51 @@ def preset_path(name: str) -> Path:
     return path
 
 
-def load_config(algo: str, preset: str | Sequence[str] | None = None, overrides: Iterable[str] = (),
-                imports: Iterable[str] = ()) -> RunConfig:
-    """The validated ``RunConfig`` for ``algo`` with ``preset`` (name, comma list or paths) and overrides.
+def load_config_with_report(algo: str, preset: str | Sequence[str] | None = None, overrides: Iterable[str] = (),
+                            imports: Iterable[str] = (), check_paths: bool = True) -> tuple[RunConfig, KeyReport]:
+    """`load_config` and the `KeyReport` of its keys (verl keys renamed, accepted with no effect and why).
 
-    ``imports`` (``launch/train.py --import``) are added to the config's ``imports``; all of them are imported
-    before the config is validated (`import_config_modules`)."""
+    Every key of every layer is checked before anything is raised: the ``ConfigError`` lists all unknown and
+    unsupported keys at once. ``check_paths=False`` (``--dry-run``) skips the checks that files and directories
+    exist (`jaxrl_hf.config.validate_paths`)."""
     if algo not in ALGOS:
         raise ConfigError(f"unknown algorithm {algo!r}; valid: {list(ALGOS)}")
     data = RunConfig(algo=algo).to_dict()
     algo_file = config_dir() / f"{algo}.yaml"
     if not algo_file.is_file():
         raise ConfigError(f"missing algorithm config {algo_file}")
-    merge_layer(data, read_yaml(algo_file), str(algo_file))
+    report = KeyReport()
+    merge_layer(data, read_yaml(algo_file), str(algo_file), report)
     presets = [p for p in (preset.split(",") if isinstance(preset, str) else (preset or [])) if p]
     for name in presets:
         path = preset_path(name.strip())
-        merge_layer(data, read_yaml(path), str(path))
-    apply_overrides(data, list(overrides))
+        merge_layer(data, read_yaml(path), str(path), report)
+    apply_overrides(data, list(overrides), report)
+    report.raise_errors()
     inherit_critic_model(data)
     if data.get("algo") != algo:
         raise ConfigError(f"config key 'algo' is {data.get('algo')!r} but --algo is {algo!r}; set the algorithm with --algo")
-    config = build_dataclass(RunConfig, data)
-    config = import_config_modules(dataclasses.replace(config, imports=[*config.imports, *imports]))
-    config = resolve_defaults(config)
-    validate_config(config)
+    try:
+        config = build_dataclass(RunConfig, data)
+        config = import_config_modules(dataclasses.replace(config, imports=[*config.imports, *imports]))
+        config = resolve_defaults(config)
+        validate_config(config, check_paths=check_paths)
+    except ConfigError as err:
+        origins = [f"'{target}' is verl's '{key}'" for key, target in report.renamed if f"'{target}'" in str(err)]
+        raise ConfigError(f"{err} ({'; '.join(origins)})" if origins else str(err)) from None
+    return config, report
+
+
+def load_config(algo: str, preset: str | Sequence[str] | None = None, overrides: Iterable[str] = (),
+                imports: Iterable[str] = ()) -> RunConfig:
+    """The validated ``RunConfig`` for ``algo`` with ``preset`` (name, comma list or paths) and overrides.
+
+    ``imports`` (``launch/train.py --import``) are added to the config's ``imports``; all of them are imported
+    before the config is validated (`import_config_modules`). verl keys accepted with no effect are logged as
+    warnings, one each with its reason."""
+    config, report = load_config_with_report(algo, preset, overrides, imports)
+    for key, reason in report.ignored:
+        logging.getLogger("jaxrl_hf.config").warning("config key '%s' is accepted but has no effect: %s", key, reason)
     return config
 
 

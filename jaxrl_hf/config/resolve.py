@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from jaxrl_hf.config.cluster import resolve_cluster
-from jaxrl_hf.config.schema import ModelConfig, RunConfig
+from jaxrl_hf.config.schema import ModelConfig, OptimConfig, RunConfig
 
 
 def critic_enabled(config: RunConfig) -> bool:
@@ -24,6 +24,14 @@ def model_with_remat(model: ModelConfig) -> ModelConfig:
     if model.enable_gradient_checkpointing and model.remat == "none":
         return dataclasses.replace(model, remat="full")
     return model
+
+
+def optim_with_schedule(optim: OptimConfig, total_steps: int) -> OptimConfig:
+    """``total_steps`` (default: the run's) and verl's warm-up ratio: ``warmup_steps = int(ratio · total_steps)``
+    when ``warmup_steps`` is 0 (verl's ``lr_warmup_steps < 0``: the ratio decides)."""
+    total = optim.total_steps or total_steps
+    warmup = optim.warmup_steps or int(optim.lr_warmup_steps_ratio * total)
+    return dataclasses.replace(optim, total_steps=total, warmup_steps=warmup)
 
 
 def _first_set(value: object, default: object) -> object:
@@ -46,9 +54,7 @@ def resolve_defaults(config: RunConfig) -> RunConfig:
         config.rollout.val, response_length=config.rollout.val.response_length or config.rollout.response_length)
     config.data = dataclasses.replace(data, gen_batch_size=data.gen_batch_size or data.train_batch_size,
                                       val_max_prompt_length=data.val_max_prompt_length or data.max_prompt_length)
-    config.actor = dataclasses.replace(
-        config.actor, optim=dataclasses.replace(config.actor.optim, total_steps=config.actor.optim.total_steps or trainer.total_steps)
-    )
+    config.actor = dataclasses.replace(config.actor, optim=optim_with_schedule(config.actor.optim, trainer.total_steps))
     config.actor = dataclasses.replace(
         config.actor,
         log_prob_micro_batch_size_per_device=config.actor.log_prob_micro_batch_size_per_device
@@ -78,7 +84,7 @@ def resolve_defaults(config: RunConfig) -> RunConfig:
         ppo_epochs=config.critic.ppo_epochs or actor.ppo_epochs,
         ulysses_sequence_parallel_size=_first_set(config.critic.ulysses_sequence_parallel_size,
                                                  actor.ulysses_sequence_parallel_size),
-        optim=dataclasses.replace(config.critic.optim, total_steps=config.critic.optim.total_steps or trainer.total_steps),
+        optim=optim_with_schedule(config.critic.optim, trainer.total_steps),
     )
     config.ref = dataclasses.replace(config.ref, ulysses_sequence_parallel_size=_first_set(
         config.ref.ulysses_sequence_parallel_size, actor.ulysses_sequence_parallel_size))

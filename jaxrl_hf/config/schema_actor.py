@@ -18,6 +18,8 @@ class OptimConfig:
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     eps: float = 1e-8
     warmup_steps: int = 0
+    lr_warmup_steps_ratio: float = 0.0
+    """verl's key: with ``warmup_steps`` 0, warm up for ``int(lr_warmup_steps_ratio · total_steps)`` steps."""
     lr_scheduler: Literal["constant", "cosine"] = "constant"
     min_lr_ratio: float = 0.0
     total_steps: Optional[int] = None

@@ -14,8 +14,7 @@ from jaxrl_hf.config.build import ConfigError
 from jaxrl_hf.config.memory_budget import check_memory_budget
 from jaxrl_hf.config.registered import check_registered_names
 from jaxrl_hf.config.schema import RunConfig
-
-BUILTIN_DATASETS = ("arithmetic", "calculator", "gsm8k")
+from jaxrl_hf.config.validate_paths import BUILTIN_DATASETS, check_paths as check_existing_paths  # noqa: F401
 KNOWN_LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
 
 
@@ -198,6 +197,8 @@ def check_actor(config: RunConfig) -> None:
             _fail(f"{role}.optim.warmup_steps", optim.warmup_steps, "must be >= 0")
         if len(optim.betas) != 2 or not all(0 <= b < 1 for b in optim.betas):
             _fail(f"{role}.optim.betas", optim.betas, "must be two numbers in [0, 1)")
+        if not 0 <= optim.lr_warmup_steps_ratio <= 1:
+            _fail(f"{role}.optim.lr_warmup_steps_ratio", optim.lr_warmup_steps_ratio, "must be in [0, 1]")
         if not 0 <= optim.min_lr_ratio <= 1:
             _fail(f"{role}.optim.min_lr_ratio", optim.min_lr_ratio, "must be in [0, 1]")
     if a.rollout_correction.level is not None:
@@ -222,7 +223,8 @@ def check_actor(config: RunConfig) -> None:
     _positive("rollout.multi_turn.max_tool_response_length", mt.max_tool_response_length)
     if mt.format != "hermes":
         _fail("rollout.multi_turn.format", mt.format, "only 'hermes' (<tool_call>{json}</tool_call>) is supported")
-    if mt.tool_config_path is not None:  # the tools are built here once, so a bad entry fails before any worker
+    # the tools are built here once, so a bad entry fails before any worker (a missing file: validate_paths)
+    if mt.tool_config_path is not None and os.path.isfile(mt.tool_config_path):
         from jaxrl_hf.agent import load_tool_config
 
         try:
@@ -238,12 +240,6 @@ def check_data_and_rewards(config: RunConfig) -> None:
     _positive("data.max_response_length", d.max_response_length)
     if not d.train_files:
         _fail("data.train_files", d.train_files, "needs at least one dataset ('arithmetic', 'calculator', 'gsm8k' or a file)")
-    for key, files in (("data.train_files", d.train_files), ("data.val_files", d.val_files), ("data.ptx_files", d.ptx_files)):
-        for name in files:
-            if name not in BUILTIN_DATASETS and not os.path.isfile(name):
-                _fail(key, name, f"not a built-in dataset {list(BUILTIN_DATASETS)} and no such file")
-    if ("gsm8k" in d.train_files + d.val_files + d.ptx_files) and not os.path.isdir(d.gsm8k_dir):
-        _fail("data.gsm8k_dir", d.gsm8k_dir, "no such directory (needed for the 'gsm8k' dataset)")
     if d.train_size < d.train_batch_size and {"arithmetic", "calculator"} & set(d.train_files):
         _fail("data.train_size", d.train_size, f"fewer rows than one batch (data.train_batch_size={d.train_batch_size})")
     if d.val_size < 0:
@@ -259,17 +255,14 @@ def check_data_and_rewards(config: RunConfig) -> None:
         if not 0 < ob.len <= d.max_response_length:
             _fail("reward_model.overlong_buffer.len", ob.len,
                   f"must be in (0, data.max_response_length={d.max_response_length}]")
-    if rm.reward_manager == "prm" and not (rm.prm.path and os.path.isdir(rm.prm.path)):
+    if rm.reward_manager == "prm" and not rm.prm.path:
         _fail("reward_model.prm.path", rm.prm.path, "reward_model.reward_manager='prm' needs a PRM directory "
               "(launch/train_prm.py --out)")
     if rm.enable and not rm.path:
         _fail("reward_model.path", rm.path, "reward_model.enable needs a reward model directory or 'tiny-random'")
     if config.cost_model.enable and not config.cost_model.path:
         _fail("cost_model.path", config.cost_model.path, "cost_model.enable needs a cost model directory or 'tiny-random'")
-    crf = config.custom_reward_function
-    if crf.path is not None and not os.path.isfile(crf.path):
-        _fail("custom_reward_function.path", crf.path, "no such file")
-    if rm.scorer != "auto" and crf.path is not None:
+    if rm.scorer != "auto" and config.custom_reward_function.path is not None:
         _fail("reward_model.scorer", rm.scorer, "custom_reward_function.path is set too: pick one scorer")
     if rm.scorer == "math_verify" and importlib.util.find_spec("math_verify") is None:
         _fail("reward_model.scorer", rm.scorer, "needs the math-verify package: pip install 'jaxrl_hf[math]'")
@@ -291,38 +284,6 @@ def check_trainer(config: RunConfig) -> None:
     for name in t.logger:
         if name not in KNOWN_LOGGERS:
             _fail("trainer.logger", name, f"valid loggers: {list(KNOWN_LOGGERS)}")
-    for key, model_cfg in (("model", config.model), ("critic.model", config.critic.model)):
-        if model_cfg is None:
-            continue
-        model = model_cfg.path
-        if model != "tiny-random" and model.lower() != "smollm2-135m-instruct" and not os.path.exists(model):
-            _fail(f"{key}.path", model, "not 'smollm2-135m-instruct', 'tiny-random', an HF directory or a .gguf file")
-        if os.path.isdir(model):
-            check_model_dir(f"{key}.path", model, needs_tokenizer=key == "model")
-
-
-def check_model_dir(key: str, path: str, *, needs_tokenizer: bool) -> None:
-    """An HF model directory: ``config.json`` naming a supported ``model_type`` (and ``tokenizer.json`` for the
-    policy, whose tokenizer the run uses)."""
-    import json
-
-    from jaxrl_hf.models.config import SUPPORTED_MODEL_TYPES
-
-    config_file = os.path.join(path, "config.json")
-    if not os.path.isfile(config_file):
-        _fail(key, path, "an HF model directory needs a config.json (and model.safetensors, tokenizer.json); "
-                         "it has none")
-    try:
-        with open(config_file, encoding="utf-8") as fh:
-            model_type = json.load(fh).get("model_type")
-    except (OSError, ValueError, AttributeError) as err:
-        _fail(key, path, f"{config_file} is not a JSON object ({err})")
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        _fail(key, path, f"{config_file}: model_type {model_type!r} is not a supported architecture; supported: "
-                         f"{list(SUPPORTED_MODEL_TYPES)}")
-    if needs_tokenizer and not os.path.isfile(os.path.join(path, "tokenizer.json")):
-        _fail(key, path, "no tokenizer.json in the model directory (save the tokenizer with the model: "
-                         "tokenizer.save_pretrained(dir))")
 
 
 def check_async_rollout(config: RunConfig) -> None:
@@ -355,8 +316,9 @@ def check_lora(config: RunConfig) -> None:
             _fail("model.target_modules", m.target_modules, str(e))
 
 
-def validate_config(config: RunConfig) -> None:
-    """All checks; raises ``ConfigError`` on the first problem."""
+def validate_config(config: RunConfig, check_paths: bool = True) -> None:
+    """All checks; raises ``ConfigError`` on the first problem. ``check_paths=False`` (a dry run) skips the checks
+    that files and directories exist (`jaxrl_hf.config.validate_paths`)."""
     check_registered_names(config)
     check_placement(config)
     check_sequence_parallel(config)
@@ -367,4 +329,6 @@ def validate_config(config: RunConfig) -> None:
     check_data_and_rewards(config)
     check_trainer(config)
     check_lora(config)
+    if check_paths:
+        check_existing_paths(config)
     check_memory_budget(config)  # vLLM's + JAX's share of each GPU (with the environment's XLA_PYTHON_CLIENT_*)

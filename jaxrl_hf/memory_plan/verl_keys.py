@@ -1,36 +1,33 @@
 """verl command-line keys, as written, sorted into what the memory plan does with each.
 
-Every ``key=value`` (verl's spelling: ``actor_rollout_ref.actor.X`` is ``actor.X``, `jaxrl_hf.config.loader`'s
-``KEY_ALIASES``) lands in exactly one of:
+Every ``key=value`` (verl's spelling, read by the loader's `jaxrl_hf.config.verl_keys`: ``actor_rollout_ref.actor.X``
+is ``actor.X``, ``*_per_gpu`` is ``*_per_device``, rollout ``tensor_model_parallel_size`` is
+``placement.generate.tp``, ...) lands in exactly one of:
 
-* **applied**: a key of the schema in a section that shapes the planned programs (``model``, ``actor``,
-  ``rollout``, ``ref``, ``placement``, the batch and length keys of ``data``, ``trainer.nnodes`` /
-  ``trainer.n_gpus_per_node``, ``algorithm.use_kl_in_reward``): handed to `jaxrl_hf.config.load_config` as an
-  override, so the loader's own checks and the worker's own config drive the programs.
-* **mapped**: verl keys the loader does not know that the plan needs (`PLAN_MAPPED`), turned into loader
-  keys or plan settings: rollout ``tensor_model_parallel_size`` -> ``placement.generate.tp``; the FSDP offload
-  flags -> ``actor.offload_optimizer`` and the plan's param-offload settings; ``*_per_gpu`` micro-batch sizes
-  -> ``*_per_device``.
-  A key the schema knows is never mapped here: once the loader learns a key, it is applied as is.
+* **applied**: a key of the schema (verl's renamed keys included) in a section that shapes the planned programs
+  (``model``, ``actor``, ``rollout``, ``ref``, ``placement``, the batch and length keys of ``data``,
+  ``trainer.nnodes`` / ``trainer.n_gpus_per_node``, ``algorithm.use_kl_in_reward``): handed to
+  `jaxrl_hf.config.load_config` as an override, so the loader's own checks and the worker's own config drive the
+  programs.
+* **mapped**: verl keys only the plan reads (`PLAN_SETTINGS`: the FSDP param-offload flags), and the plan's own
+  changes to the layout (`jaxrl_hf.memory_plan.plan`).
 * **ignored**: keys that do not change the planned memory: schema keys of other sections (file paths,
-  logging, rewards, ...), ``model.path`` (the plan's model is ``--model``), and the verl keys in
-  `IGNORED_VERL_KEYS` (exact keys, or prefixes for a key resembling no known key under the same prefix); also
-  a key unknown to both that resembles no known key (listed, not an error).
+  logging, rewards, ...), ``model.path`` (the plan's model is ``--model``), the verl keys the loader accepts
+  with no effect or refuses (with the loader's reason), unknown keys under `IGNORED_VERL_PREFIXES`, and a key
+  unknown to both that resembles no known key (listed, not an error).
 * **not modelled**: verl keys that would change memory but that neither the schema nor the plan handles yet
   (`NOT_MODELLED`); listed with a warning, the plan is computed without them.
-* an **error** (``ValueError`` naming the key and the key it resembles): an unknown key within
-  `difflib`'s ratio ``TYPO_CUTOFF`` of a known one (of one under the same ignored prefix, if it has one).
+* an **error** (``ValueError`` naming the key and the key it resembles): an unknown key close to a known one
+  (`jaxrl_hf.config.verl_keys.suggestion`; under the same ignored prefix, if it has one).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 
 from jaxrl_hf.config.build import ConfigError, coerce
-from jaxrl_hf.config.loader import canonical_key, is_known_key, parse_override, schema_keys
-
-TYPO_CUTOFF = 0.85
+from jaxrl_hf.config.loader import canonical_key, is_known_key, parse_override
+from jaxrl_hf.config.verl_keys import classify_key, suggestion
 
 # schema keys (canonical) whose values shape the compiled programs; exact keys or prefixes ending in '.'
 APPLIED_SCHEMA_KEYS = ("model.", "actor.", "rollout.", "ref.", "placement.", "data.max_prompt_length",
@@ -38,36 +35,18 @@ APPLIED_SCHEMA_KEYS = ("model.", "actor.", "rollout.", "ref.", "placement.", "da
                        "trainer.n_gpus_per_node", "algorithm.use_kl_in_reward")
 IGNORED_SCHEMA_KEYS = {"model.path": "the plan's model is --model"}
 
-# verl key (canonical) -> (target, kind): kind "loader" sets the target config key to the value, "setting" sets a
-# PlanKeys field (a bool)
-PLAN_MAPPED: dict[str, tuple[str, str]] = {
-    "rollout.tensor_model_parallel_size": ("placement.generate.tp", "loader"),
-    "actor.fsdp_config.optimizer_offload": ("actor.offload_optimizer", "loader"),
-    "actor.ppo_micro_batch_size_per_gpu": ("actor.ppo_micro_batch_size_per_device", "loader"),
-    "rollout.log_prob_micro_batch_size_per_gpu": ("actor.log_prob_micro_batch_size_per_device", "loader"),
-    "actor.fsdp_config.param_offload": ("offload_params", "setting"),
-    "ref.fsdp_config.param_offload": ("offload_ref_params", "setting"),
+# verl key (canonical) -> plan setting (a PlanKeys bool field); renamed verl keys are the loader's
+# (`jaxrl_hf.config.verl_key_tables`) and reach the plan as schema keys
+PLAN_SETTINGS: dict[str, str] = {
+    "actor.fsdp_config.param_offload": "offload_params",
+    "ref.fsdp_config.param_offload": "offload_ref_params",
 }
 
-# verl keys (canonical) that do not change the planned programs' memory; exact keys or prefixes ending in '.'
-IGNORED_VERL_KEYS: dict[str, str] = {
-    "data.prompt_key": "data", "data.truncation": "data", "data.return_raw_chat": "data",
-    "data.filter_overlong_prompts_workers": "data", "data.dataloader_num_workers": "data",
-    "trainer.total_epochs": "schedule", "trainer.val_before_train": "schedule", "trainer.test_freq": "schedule",
-    "trainer.save_freq": "schedule", "trainer.device": "schedule",
-    "actor.optim.lr_warmup_steps": "learning-rate schedule", "actor.optim.lr_warmup_steps_ratio":
-    "learning-rate schedule", "actor.optim.warmup_style": "learning-rate schedule",
-    "actor.use_token_level_loss": "loss aggregation (verl's old spelling of loss_agg_mode=token-mean)",
-    "actor.fsdp_config.fsdp_size": "-1 (verl's default): FSDP over all devices, as placement.train.dp",
-    "actor.fsdp_config.": "FSDP wrapper options", "actor.checkpoint.": "checkpoint contents",
-    "ref.fsdp_config.": "FSDP wrapper options", "ref.log_prob_micro_batch_size_per_gpu":
-    "the reference forward is not a planned program (log_prob is the same forward on the actor's params)",
-    "model.override_config.": "dropout overrides (no shape change)", "model.trust_remote_code": "loading",
-    "model.use_shm": "loading", "model.external_lib": "loading",
-    "rollout.val_kwargs.": "validation sampling", "rollout.enable_chunked_prefill": "vLLM scheduling",
-    "rollout.max_num_batched_tokens": "vLLM prefill scheduling (prefill is not a planned program)",
-    "rollout.mode": "sync/async rollout", "rollout.free_cache_engine": "vLLM", "rollout.load_format": "vLLM",
-    "rollout.do_sample": "sampling", "rollout.ignore_eos": "sampling", "rollout.calculate_log_probs": "sampling",
+# unknown verl keys (canonical) under these prefixes do not change the planned programs' memory; the loader's own
+# table (`jaxrl_hf.config.verl_key_tables`) gives the reason for the keys it knows
+IGNORED_VERL_PREFIXES: dict[str, str] = {
+    "data.": "data", "actor.fsdp_config.": "FSDP wrapper options", "actor.checkpoint.": "checkpoint contents",
+    "ref.fsdp_config.": "FSDP wrapper options", "model.override_config.": "model config overrides (no shape change)",
     "rollout.multi_turn.": "agent loop", "rollout.agent.": "agent loop", "rollout.engine_kwargs.": "vLLM",
     "reward_model.": "reward", "custom_reward_function.": "reward", "algorithm.": "advantage / reward shaping",
     "trainer.": "driver options", "critic.": "no critic program is planned",
@@ -110,15 +89,9 @@ def _matches(key: str, table: tuple[str, ...] | dict) -> str | None:
     return None
 
 
-def _known_universe() -> list[str]:
-    keys = set(schema_keys()) | set(PLAN_MAPPED) | set(NOT_MODELLED)
-    keys |= {k for k in IGNORED_VERL_KEYS if not k.endswith(".")}
-    return sorted(keys)
-
-
 def classify_keys(args: list[str]) -> PlanKeys:
     """Sort verl ``key=value`` arguments (module docstring); raises ``ValueError`` naming a malformed argument,
-    a bad value of a mapped key, or a likely typo and the key it resembles."""
+    a bad value of a plan setting, or a likely typo and the key it resembles."""
     out = PlanKeys()
     for text in args:
         try:
@@ -134,29 +107,39 @@ def classify_keys(args: list[str]) -> PlanKeys:
                 out.applied.append((raw, key))
             else:
                 out.ignored.append((raw, "does not change the planned programs"))
-        elif key in PLAN_MAPPED:
-            target, kind = PLAN_MAPPED[key]
-            if kind == "loader":
-                out.overrides.append(f"{target}={value}")
-            else:
-                try:
-                    flag = coerce(value, bool, raw)
-                except ConfigError as err:
-                    raise ValueError(str(err)) from None
-                setattr(out, target, flag)
-            out.mapped.append((raw, target))
-        elif key in IGNORED_VERL_KEYS:
-            out.ignored.append((raw, IGNORED_VERL_KEYS[key]))
+        elif key in PLAN_SETTINGS:
+            try:
+                flag = coerce(value, bool, raw)
+            except ConfigError as err:
+                raise ValueError(str(err)) from None
+            setattr(out, PLAN_SETTINGS[key], flag)
+            out.mapped.append((raw, PLAN_SETTINGS[key]))
         elif key in NOT_MODELLED:
             out.not_modelled.append((raw, NOT_MODELLED[key]))
-        else:  # a typo is caught before an ignored prefix could swallow it: compared with the known keys under
-            # the same prefix (all known keys when none matches)
-            prefix = _matches(key, IGNORED_VERL_KEYS)
-            candidates = [k for k in _known_universe() if prefix is None or k.startswith(prefix)]
-            close = difflib.get_close_matches(key, candidates, n=1, cutoff=TYPO_CUTOFF)
-            if close:
-                raise ValueError(f"unknown key {raw!r} (read as {key!r}): did you mean {close[0]!r}?")
-            note = IGNORED_VERL_KEYS[prefix] if prefix else "unknown to jaxrl_hf and to the plan; assumed not " \
-                "to change memory"
-            out.ignored.append((raw, note))
+        else:
+            _classify_other(raw, key, value, out)
     return out
+
+
+def _classify_other(raw: str, key: str, value: str, out: PlanKeys) -> None:
+    """A key neither the schema nor the plan holds: the loader's verdict (a verl key it converts is applied, one it
+    ignores or refuses is ignored: it does not change memory); an unknown key is a typo when a known key is close
+    (under the same ignored prefix, if any), else ignored."""
+    verdict = classify_key(raw, value)
+    if verdict.kind == "set":
+        if _matches(verdict.target, APPLIED_SCHEMA_KEYS):
+            out.overrides.append(f"{verdict.target}={verdict.value}")
+            out.applied.append((raw, verdict.target))
+        else:
+            out.ignored.append((raw, "does not change the planned programs"))
+    elif verdict.kind == "ignored":
+        out.ignored.append((raw, verdict.note))
+    elif verdict.kind == "error":
+        out.ignored.append((raw, f"does not change memory (a run refuses it: {verdict.note})"))
+    else:
+        prefix = _matches(key, IGNORED_VERL_PREFIXES)
+        close = suggestion(key, within=prefix or "")
+        if close is not None:
+            raise ValueError(f"unknown key {raw!r} (read as {key!r}): did you mean {close!r}?")
+        out.ignored.append((raw, IGNORED_VERL_PREFIXES[prefix] if prefix else
+                            "unknown to jaxrl_hf and to the plan; assumed not to change memory"))

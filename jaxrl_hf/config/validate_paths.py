@@ -1,0 +1,75 @@
+"""The config checks that look at the file system: data files, model and reward-model directories, user files.
+
+Kept apart from `jaxrl_hf.config.validate` so that ``launch/train.py --dry-run`` can check a config written for
+another machine: `path_problems` lists what is missing here (the dry run prints it), `check_paths` raises on the
+first (a run).
+"""
+
+from __future__ import annotations
+
+import os
+
+from jaxrl_hf.config.build import ConfigError
+from jaxrl_hf.config.schema import RunConfig
+
+BUILTIN_DATASETS = ("arithmetic", "calculator", "gsm8k")
+
+
+def path_problems(config: RunConfig) -> list[tuple[str, object, str]]:
+    """``(dotted key, value, what is missing)`` for every path of ``config`` that does not exist here."""
+    d, out = config.data, []
+    for key, files in (("data.train_files", d.train_files), ("data.val_files", d.val_files),
+                       ("data.ptx_files", d.ptx_files)):
+        out += [(key, name, f"not a built-in dataset {list(BUILTIN_DATASETS)} and no such file")
+                for name in files if name not in BUILTIN_DATASETS and not os.path.isfile(name)]
+    if ("gsm8k" in d.train_files + d.val_files + d.ptx_files) and not os.path.isdir(d.gsm8k_dir):
+        out.append(("data.gsm8k_dir", d.gsm8k_dir, "no such directory (needed for the 'gsm8k' dataset)"))
+    prm = config.reward_model.prm.path
+    if config.reward_model.reward_manager == "prm" and prm and not os.path.isdir(prm):
+        out.append(("reward_model.prm.path", prm, "no such PRM directory (launch/train_prm.py --out)"))
+    crf = config.custom_reward_function.path
+    if crf is not None and not os.path.isfile(crf):
+        out.append(("custom_reward_function.path", crf, "no such file"))
+    tools = config.rollout.multi_turn.tool_config_path
+    if tools is not None and not os.path.isfile(tools):
+        out.append(("rollout.multi_turn.tool_config_path", tools, "no such file"))
+    for key, model_cfg in (("model", config.model), ("critic.model", config.critic.model)):
+        if model_cfg is None or model_cfg.path == "tiny-random" or model_cfg.path.lower() == "smollm2-135m-instruct":
+            continue
+        if not os.path.exists(model_cfg.path):
+            out.append((f"{key}.path", model_cfg.path,
+                        "not 'smollm2-135m-instruct', 'tiny-random', an HF directory or a .gguf file"))
+        elif os.path.isdir(model_cfg.path):
+            problem = model_dir_problem(model_cfg.path, needs_tokenizer=key == "model")
+            if problem:
+                out.append((f"{key}.path", model_cfg.path, problem))
+    return out
+
+
+def model_dir_problem(path: str, *, needs_tokenizer: bool) -> str | None:
+    """What an HF model directory lacks: ``config.json`` naming a supported ``model_type`` (and ``tokenizer.json``
+    for the policy, whose tokenizer the run uses); None when it has them."""
+    import json
+
+    from jaxrl_hf.models.config import SUPPORTED_MODEL_TYPES
+
+    config_file = os.path.join(path, "config.json")
+    if not os.path.isfile(config_file):
+        return "an HF model directory needs a config.json (and model.safetensors, tokenizer.json); it has none"
+    try:
+        with open(config_file, encoding="utf-8") as fh:
+            model_type = json.load(fh).get("model_type")
+    except (OSError, ValueError, AttributeError) as err:
+        return f"{config_file} is not a JSON object ({err})"
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        return (f"{config_file}: model_type {model_type!r} is not a supported architecture; supported: "
+                f"{list(SUPPORTED_MODEL_TYPES)}")
+    if needs_tokenizer and not os.path.isfile(os.path.join(path, "tokenizer.json")):
+        return "no tokenizer.json in the model directory (save the tokenizer with the model: tokenizer.save_pretrained(dir))"
+    return None
+
+
+def check_paths(config: RunConfig) -> None:
+    """Raise ``ConfigError`` naming the first missing path (`path_problems`)."""
+    for key, value, rule in path_problems(config)[:1]:
+        raise ConfigError(f"config key '{key}'={value!r}: {rule}")
