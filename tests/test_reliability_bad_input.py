@@ -23,7 +23,7 @@ def _jsonl(*rows) -> str:
 # name: (overrides with {tmp} for the test's directory, files to write {name: text}, exit code, message regex)
 CASES = {
     "unknown key, with the valid ones": (["actor.clip_ratio_hihg=0.3"], {}, ExitCode.CONFIG,
-                                         r"unknown config key 'actor.clip_ratio_hihg'; valid keys under 'actor'"),
+                                         r"unknown config key 'actor.clip_ratio_hihg': did you mean 'actor.clip_ratio_high'\?"),
     "wrong type": (["actor.optim.lr=abc"], {}, ExitCode.CONFIG, r"'actor.optim.lr': expected a number, got 'abc'"),
     "unregistered name": (["algorithm.adv_estimator=nope"], {}, ExitCode.CONFIG,
                           r"'algorithm.adv_estimator'='nope': not a registered advantage estimator; valid names"),

@@ -41,10 +41,10 @@ def test_the_scorer_applies_to_every_data_source_and_leaves_auto_alone():
 
 
 def test_the_project_time_limit_bounds_a_slow_comparison_in_process():
-    scorer = make_scorer(ScoreFnSpec(scorer="math_verify"), num_workers=0, timeout_s=0.5)
+    scorer = make_scorer(ScoreFnSpec(scorer="math_verify"), num_workers=0, timeout_s=1.5)  # fast scores fit even on a loaded machine
     start = time.perf_counter()
     slow, fast = scorer.score([("math", *SLOW, None), ("math", "\\boxed{3}", "3", None)])
-    assert time.perf_counter() - start < 2.0
+    assert time.perf_counter() - start < 5.0
     assert slow["timed_out"] and slow["score"] == 0.0 and fast["score"] == 1.0 and not fast["timed_out"]
 
 
