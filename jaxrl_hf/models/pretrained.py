@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -93,8 +94,12 @@ def convert_gguf_to_hf_dir(gguf_path: str, out_dir: str) -> str:
     parent = os.path.dirname(os.path.abspath(out_dir))
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=".tmp-" + os.path.basename(out_dir) + "-", dir=parent)
+    start = time.perf_counter()
+    print(f"jaxrl_hf: converting {gguf_path} into the HF directory {out_dir} (first use only; about half a minute on "
+          "a 2-core CPU for the 135M model)", file=sys.stderr, flush=True)
     try:
         write_hf_dir(read_gguf(gguf_path), tmp)
+        print(f"jaxrl_hf: converted in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
         if os.path.isdir(out_dir):  # an incomplete leftover, or another process won the race
             if all(os.path.isfile(os.path.join(out_dir, f)) for f in _REQUIRED_FILES):
                 shutil.rmtree(tmp)
