@@ -13,6 +13,7 @@ from jaxrl_hf.config.build import ConfigError
 from jaxrl_hf.config.memory_budget import check_memory_budget
 from jaxrl_hf.config.registered import check_registered_names
 from jaxrl_hf.config.schema import RunConfig
+from jaxrl_hf.models.hf_export import parse_shard_size
 
 BUILTIN_DATASETS = ("arithmetic", "calculator", "gsm8k")
 KNOWN_LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
@@ -280,6 +281,10 @@ def check_trainer(config: RunConfig) -> None:
         _fail("trainer.max_ckpt_to_keep", t.max_ckpt_to_keep, "must be >= 1 or null (keep all)")
     if t.critic_warmup < 0:
         _fail("trainer.critic_warmup", t.critic_warmup, "must be >= 0")
+    try:  # checked now, not when the export runs after the last step
+        parse_shard_size(t.export_hf_max_shard_size, "trainer.export_hf_max_shard_size")
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
     check_async_rollout(config)
     for name in t.logger:
         if name not in KNOWN_LOGGERS:
