@@ -114,6 +114,9 @@ def test_run_dir_exports_newest_checkpoint_sharded_bf16_and_transformers_matches
     assert len(shards) >= 3 and shards[0] == f"model-00001-of-{len(shards):05d}.safetensors"
     assert sorted(n for n in os.listdir(out) if n.endswith(".safetensors")) == shards
     assert all(os.path.getsize(os.path.join(out, s)) < 40_000 + 4096 for s in shards)  # + the safetensors header
+    umask = os.umask(0)
+    os.umask(umask)
+    assert {os.stat(os.path.join(out, s)).st_mode & 0o777 for s in shards} == {0o666 & ~umask}
     # the step-3 weights, rounded to bf16 (round-to-nearest-even), every tensor present exactly once
     want = {k: v.astype(ml_dtypes.bfloat16) for k, v in params_to_hf_state_dict(run["step3"], MODEL).items()}
     got = _read_dir(out)

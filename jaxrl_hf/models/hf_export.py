@@ -100,11 +100,18 @@ def save_sharded_safetensors(path: str, params: Params, config: DecoderConfig, d
             name, view = next(views)
             tensors[name] = np.ascontiguousarray(np.asarray(view).astype(target, copy=False))
         save_file(tensors, os.path.join(path, file), metadata={"format": "pt"})
+        os.chmod(os.path.join(path, file), 0o666 & ~_umask())  # safetensors writes 0600; share as open() would
     if len(files) > 1:
         index = {"metadata": {"total_size": sum(n for _, n in sizes)}, "weight_map": dict(sorted(owner.items()))}
         with open(os.path.join(path, INDEX_FILE), "w") as fh:
             json.dump(index, fh, indent=2)
     return files
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def generation_config(config: DecoderConfig, tokenizer: Any = None,

@@ -72,17 +72,19 @@ def resolve_actor_checkpoint(path: str) -> str:
 
 
 def run_config_of(actor_dir: str) -> Any:
-    """The `RunConfig` of the run that wrote ``RUN_DIR/checkpoints/global_step_N/actor`` (its ``config.yaml``),
-    or None when the checkpoint is not inside a run directory."""
+    """The `RunConfig` of the run that wrote ``RUN_DIR/checkpoints/global_step_N/actor`` (its ``config.yaml``, typed
+    but not re-validated: the export reads only ``model``), or None when there is none beside the checkpoint."""
     from pathlib import Path
 
-    from jaxrl_hf.config.loader import config_from_dict, read_yaml
+    from jaxrl_hf.config.build import build_dataclass
+    from jaxrl_hf.config.loader import read_yaml
+    from jaxrl_hf.config.schema import RunConfig
 
     file = Path(actor_dir).parents[2] / CONFIG_FILE
     if not file.is_file():
         return None
     try:
-        return config_from_dict(read_yaml(file))
+        return build_dataclass(RunConfig, read_yaml(file))
     except (ValueError, KeyError, TypeError) as err:  # ConfigError is a ValueError
         print(f"jaxrl-hf-export-hf: ignoring {file} ({err})", file=sys.stderr)
         return None
