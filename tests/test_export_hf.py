@@ -83,13 +83,15 @@ def _read_dir(path):
     return out
 
 
-def _greedy_ours(params, prompt, steps):
-    """Greedy continuation of ``prompt`` by our forward pass (stops after EOS)."""
+def _greedy_ours(params, prompt, steps, width=32):
+    """Greedy continuation of ``prompt`` by our forward pass (stops after EOS); the sequence is right-padded to
+    ``width`` (causal attention: the padding never reaches the last real position), so one program is compiled."""
     ids = list(prompt)
     for _ in range(steps):
-        arr = np.asarray([ids], np.int32)
-        logits = np.asarray(jit_forward(params, MODEL, arr, np.ones_like(arr)))
-        ids.append(int(logits[0, -1].argmax()))
+        arr, mask = np.full((1, width), PAD, np.int32), np.zeros((1, width), np.int32)
+        arr[0, :len(ids)], mask[0, :len(ids)] = ids, 1
+        logits = np.asarray(jit_forward(params, MODEL, arr, mask))
+        ids.append(int(logits[0, len(ids) - 1].argmax()))
         if ids[-1] == EOS:
             break
     return ids[len(prompt):]
@@ -148,8 +150,9 @@ def test_run_dir_exports_newest_checkpoint_sharded_bf16_and_transformers_matches
         assert theirs[:len(expected)] == expected, (prompt, theirs, expected)
         with torch.no_grad():
             hf_logits = model(torch.tensor([prompt])).logits[0].numpy()
-        arr = np.asarray([prompt], np.int32)
-        np.testing.assert_allclose(np.asarray(jit_forward(ours, MODEL, arr, np.ones_like(arr)))[0], hf_logits,
+        arr, mask = np.full((1, 32), PAD, np.int32), np.zeros((1, 32), np.int32)
+        arr[0, :len(prompt)], mask[0, :len(prompt)] = prompt, 1
+        np.testing.assert_allclose(np.asarray(jit_forward(ours, MODEL, arr, mask))[0, :len(prompt)], hf_logits,
                                    atol=1e-4, rtol=1e-4)
 
 
