@@ -185,6 +185,13 @@ def test_not_a_checkpoint_names_the_path(run, tmp_path, capsys):
         fh.write(" ")
     with pytest.raises(ExportError, match="trainer_state.json has"):
         resolve_actor_checkpoint(str(damaged))
+    # a critic's checkpoint (a value model) is not exported as a causal LM
+    critic = tmp_path / "critic"
+    shutil.copytree(os.path.join(run["run"], "checkpoints", "global_step_1", "actor"), critic)
+    meta = json.load(open(critic / "worker.json"))
+    json.dump(dict(meta, role="critic"), open(critic / "worker.json", "w"))
+    with pytest.raises(ExportError, match="role 'critic' is not an actor checkpoint"):
+        export_checkpoint(str(critic), str(tmp_path / "out"))
     assert not os.path.exists(tmp_path / "out")
 
 

@@ -20,6 +20,7 @@ from jaxrl_hf.trainer.checkpointing import MARKER_FILE, STATE_FILE, CheckpointMa
 from jaxrl_hf.workers import checkpoint as worker_ckpt
 
 ACTOR_PART = "actor"
+ACTOR_ROLES = ("actor_rollout_ref", "actor_rollout", "ref")  # jaxrl_hf.workers.actor.ROLES: a decoder's params
 CONFIG_FILE = "config.yaml"
 
 
@@ -115,15 +116,20 @@ def export_checkpoint(checkpoint: str, out: str, dtype: str = "bfloat16", max_sh
         params, meta = worker_ckpt.read_params(actor)
     except (FileNotFoundError, ValueError) as err:
         raise ExportError(f"{actor}: {err}") from None
-    if "model_config" not in meta:
-        raise ExportError(f"{os.path.join(actor, worker_ckpt.META_FILE)} has no model_config (not an actor checkpoint)")
+    if meta.get("role") not in ACTOR_ROLES or "model_config" not in meta:
+        raise ExportError(f"{os.path.join(actor, worker_ckpt.META_FILE)}: role {meta.get('role')!r} is not an actor "
+                          f"checkpoint (roles {list(ACTOR_ROLES)}, with a model_config)")
     run_config = run_config_of(actor)
     model_path = meta.get("model_path") or (run_config.model.path if run_config is not None else None)
     tokenizer_dir = None
     if model_path and model_path != "tiny-random":
         from jaxrl_hf.models.pretrained import resolve_hf_dir
 
-        tokenizer_dir = resolve_hf_dir(model_path)
+        try:
+            tokenizer_dir = resolve_hf_dir(model_path)
+        except (ValueError, FileNotFoundError, RuntimeError) as err:
+            raise ExportError(f"{actor}: the tokenizer files come from the run's model.path={model_path!r}, which "
+                              f"cannot be found now ({err})") from None
     if "model" not in params:
         params = _merge_lora_base(params, run_config, actor)
     config = DecoderConfig.from_hf_dict(meta["model_config"])
