@@ -125,6 +125,8 @@ def test_bad_overrides_name_the_key(override, fragments):
     (["data.train_files=[/nope/x.parquet]"], ["data.train_files", "/nope/x.parquet", "no such file"]),
     (["model.path=/nope/model"], ["model.path", "/nope/model"]),
     (["trainer.logger=[console, mlflow]"], ["trainer.logger", "mlflow", "tensorboard"]),
+    (["trainer.export_hf_max_shard_size=5 gigs"], ["trainer.export_hf_max_shard_size='5 gigs'", "5GB"]),
+    (["trainer.export_hf_dtype=int8"], ["trainer.export_hf_dtype", "bfloat16"]),
 ])
 def test_semantic_checks_name_the_keys(overrides, fragments):
     with pytest.raises(ConfigError) as err:

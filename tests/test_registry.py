@@ -69,7 +69,7 @@ def test_kl_estimators_are_a_registry_with_straight_through_forms():
 
 def test_algo_names_are_one_list():
     """``--algo`` names: the schema's ``ALGOS`` is the list; each has a step in the trainer and a configs/ YAML,
-    and ``launch/train.py`` offers exactly those."""
+    and ``launch/train.py`` (= ``jaxrl-hf-train``, `jaxrl_hf.trainer.cli`) offers exactly those."""
     import importlib.util
     import os
 
@@ -82,4 +82,6 @@ def test_algo_names_are_one_list():
     spec = importlib.util.spec_from_file_location("launch_train", launch)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    assert module.ALGOS is ALGOS
+    from jaxrl_hf.trainer import cli
+
+    assert module.main is cli.main and cli.ALGOS is ALGOS

@@ -30,6 +30,7 @@ CONFIG = {
     "reward_model": {"path": "tiny-random", "seed": 3},
     "cost_model": {"path": "tiny-random", "seed": 4},
     "placement": {"num_processes": 1, "devices_per_process": 2, "train": {"pp": 1, "tp": 1, "dp": 2}},
+    "trainer": {"export_hf_dtype": "float32"},  # the export is compared with our float32 log-probs at 1e-4
 }
 
 

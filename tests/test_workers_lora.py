@@ -87,3 +87,34 @@ def test_lora_trains_only_adapters_and_rollout_serves_merged_weights(worker, tmp
     export = worker.export_hf(str(tmp_path / "hf"))
     import os
     assert os.path.isfile(os.path.join(export, "lora_adapter", "adapter_model.safetensors"))
+
+
+def test_offline_export_merges_the_checkpointed_adapters_into_the_base(worker, tmp_path):
+    """launch/export_hf.py on a LoRA run's checkpoint (adapters only on disk): the base from the run's config.yaml
+    plus the adapters, merged, equals what the worker itself exports (trainer.export_hf), tensor for tensor."""
+    import os
+
+    from safetensors.numpy import load_file
+
+    from jaxrl_hf.config.loader import dump_config
+    from jaxrl_hf.models.weights_hf import params_to_hf_state_dict
+    from jaxrl_hf.trainer.checkpointing import CheckpointManager
+    from jaxrl_hf.trainer.hf_export import export_checkpoint
+
+    worker.update_actor(_update_batch(worker, 5))  # adapters off zero, so the merge matters
+    run = tmp_path / "run"
+    CheckpointManager(str(run / "checkpoints")).save(1, {"actor": worker.save_checkpoint}, {"global_step": 1})
+    dump_config(worker.config, run / "config.yaml")
+    offline = export_checkpoint(str(run), str(tmp_path / "offline"), dtype="float32")
+    online = worker.export_hf(str(tmp_path / "online"))
+    mine, theirs = load_file(os.path.join(offline, "model.safetensors")), load_file(os.path.join(online,
+                                                                                                "model.safetensors"))
+    assert sorted(mine) == sorted(theirs)
+    for name in theirs:  # the worker exports bf16 by default: the offline float32 merge, rounded, is identical
+        np.testing.assert_array_equal(mine[name].astype(theirs[name].dtype).view(np.uint16),
+                                      theirs[name].view(np.uint16), err_msg=name)
+    base = params_to_hf_state_dict(host(worker.lora.base), worker.model.config)
+    for name in ("model.layers.0.self_attn.q_proj.weight", "model.layers.1.mlp.down_proj.weight"):
+        assert np.abs(mine[name] - base[name]).max() > 1e-4, name  # the adapters' delta is in the export
+    np.testing.assert_array_equal(mine["model.layers.0.self_attn.k_proj.weight"],  # an untargeted module: the base
+                                  base["model.layers.0.self_attn.k_proj.weight"])

@@ -27,9 +27,14 @@ from jaxrl_hf.config.verl_keys import KEY_ALIASES, KeyReport, canonical_key, cla
 from jaxrl_hf.user_modules import UserModuleError, import_user_modules
 
 def config_dir() -> Path:
-    """``$JAXRL_HF_CONFIG_DIR`` or the repository's ``configs/``."""
+    """``$JAXRL_HF_CONFIG_DIR``, else the installed package's ``jaxrl_hf/configs`` (a wheel ships the
+    repository's ``configs/`` there: pyproject.toml ``package-dir``), else the checkout's ``configs/``."""
     env = os.environ.get("JAXRL_HF_CONFIG_DIR")
-    return Path(env) if env else Path(__file__).resolve().parents[2] / "configs"
+    if env:
+        return Path(env)
+    package = Path(__file__).resolve().parents[1]
+    installed = package / "configs"
+    return installed if installed.is_dir() else package.parent / "configs"
 
 
 def is_known_key(key: str) -> bool:

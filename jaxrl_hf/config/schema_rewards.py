@@ -28,7 +28,8 @@ class ScoringModelConfig:
 
     enable: bool = False
     path: Optional[str] = None
-    """Reward/cost-model directory (``launch/train_rm.py`` output) or ``tiny-random`` (shape: ``model.tiny``)."""
+    """Reward/cost-model directory (``launch/train_rm.py`` output, or a transformers ``Llama``/``Qwen2``
+    ``ForSequenceClassification`` with ``num_labels=1``) or ``tiny-random`` (shape: ``model.tiny``)."""
     seed: int = 0
     micro_batch_size_per_device: int = 8
     dtype: Optional[Literal["float32", "bfloat16"]] = None

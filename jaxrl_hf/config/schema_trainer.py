@@ -57,7 +57,13 @@ class TrainerConfig:
     """Show this many validation samples (prompt, response, ground truth, score) after each validation: on the
     console, in TensorBoard (text) and wandb (a table)."""
     export_hf: bool = False
-    """Write the final actor as an HF safetensors directory to ``run_dir/hf_actor``."""
+    """Write the final actor as an HF model directory to ``run_dir/hf_actor`` (the layout of
+    ``launch/export_hf.py``: sharded safetensors, config, generation config, tokenizer files)."""
+    export_hf_dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    """dtype of the exported weights (``config.json``'s ``torch_dtype``/``dtype`` say the same)."""
+    export_hf_max_shard_size: str = "5GB"
+    """Largest safetensors shard (transformers' units: 5GB = 5·10^9 bytes, 2GiB = 2^31); more weights than this
+    are split into ``model-0000k-of-0000n.safetensors`` with ``model.safetensors.index.json``."""
     ray_init_timeout_s: float = 180.0
     nnodes: Optional[int] = None
     """Ray nodes the actor pool spans (verl's key): ``placement.num_processes / nnodes`` processes on each of

@@ -15,6 +15,8 @@ from jaxrl_hf.config.memory_budget import check_memory_budget
 from jaxrl_hf.config.registered import check_registered_names
 from jaxrl_hf.config.schema import RunConfig
 from jaxrl_hf.config.validate_paths import BUILTIN_DATASETS, check_paths as check_existing_paths  # noqa: F401
+from jaxrl_hf.models.hf_export import parse_shard_size
+
 KNOWN_LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
 
 
@@ -280,6 +282,10 @@ def check_trainer(config: RunConfig) -> None:
         _fail("trainer.critic_warmup", t.critic_warmup, "must be >= 0")
     if t.log_val_generations < 0:
         _fail("trainer.log_val_generations", t.log_val_generations, "must be >= 0")
+    try:  # checked now, not when the export runs after the last step
+        parse_shard_size(t.export_hf_max_shard_size, "trainer.export_hf_max_shard_size")
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
     check_async_rollout(config)
     for name in t.logger:
         if name not in KNOWN_LOGGERS:

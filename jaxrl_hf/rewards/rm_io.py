@@ -7,6 +7,10 @@ Layout of a reward-model directory::
     tokenizer.json, tokenizer_config.json, ...   copied from the backbone's directory
     reward_model.json       how a sequence is scored + training metadata (pairs, steps, accuracies)
 
+A ``LlamaForSequenceClassification`` / ``Qwen2ForSequenceClassification`` (``num_labels=1``) saved by
+transformers loads as well: without ``reward_model.json`` the eos/pad ids come from its ``config.json``, the
+weights may be sharded and in any float dtype, and the tokenizer files are optional (``score_ids`` needs none).
+
 ``load_reward_model(dir)`` returns a ``RewardModel`` whose ``score(prompt_messages, response)`` gives
 the float reward; a reward-model worker calls ``score_batch`` or ``score_ids`` on token ids it already has.
 """
@@ -24,11 +28,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from safetensors.numpy import load_file, save_file
+from safetensors.numpy import save_file
 
 from jaxrl_hf.models.config import DecoderConfig
 from jaxrl_hf.models.tokenizer import Tokenizer
 from jaxrl_hf.models.value_head import hf_state_dict_to_value_params, value_params_to_hf_state_dict
+from jaxrl_hf.models.weights_hf import iter_safetensors
 from jaxrl_hf.rewards.rm_data import encode_sequence, pad_right
 from jaxrl_hf.rewards.rm_training import make_score_fn
 
@@ -82,12 +87,14 @@ class RewardModel:
 
     config: DecoderConfig
     params: Any
-    tokenizer: Tokenizer
+    tokenizer: Tokenizer | None
     path: str
     metadata: dict[str, Any] = field(default_factory=dict)
 
     @property
     def eos_id(self) -> int:
+        if self.metadata.get("eos_token_id") is None:
+            raise ValueError(f"reward model {self.path}: no eos_token_id in its config.json to end a response with")
         return int(self.metadata["eos_token_id"])
 
     @property
@@ -100,6 +107,9 @@ class RewardModel:
 
     def encode(self, prompt: Sequence[Mapping[str, Any]] | str, response: str) -> list[int]:
         """Token ids of the scored sequence (the layout the model was trained on)."""
+        if self.tokenizer is None:
+            raise ValueError(f"reward model {self.path} has no tokenizer.json: score token ids (score_ids), or copy "
+                             "the tokenizer files of its base model into the directory")
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
         return encode_sequence(self.tokenizer, messages, response, self.eos_id)
 
@@ -132,25 +142,49 @@ class RewardModel:
         return float(self.score_batch([(prompt, response)], batch_size=1)[0])
 
 
+def _hf_metadata(path: str) -> dict[str, Any]:
+    """What ``reward_model.json`` would say, for a directory saved by transformers (``*ForSequenceClassification``
+    with ``num_labels = 1``): eos/pad ids from its ``config.json`` (pad: else eos, else 0; a pad only pads)."""
+    file = os.path.join(path, "config.json")
+    if not os.path.isfile(file):
+        raise FileNotFoundError(f"{path} is not a reward-model directory: no {METADATA_FILE} and no config.json")
+    with open(file) as fh:
+        hf = json.load(fh)
+    archs = hf.get("architectures") or []
+    if not any(a.endswith("ForSequenceClassification") for a in archs):
+        raise ValueError(f"{file}: architectures={archs}; a reward model is a ...ForSequenceClassification "
+                         f"(e.g. {sorted(_SEQ_CLS_ARCH.values())}) or a directory with {METADATA_FILE}")
+    labels = hf.get("num_labels", len(hf.get("id2label") or {}) or 2)
+    if labels != 1:
+        raise ValueError(f"{file}: num_labels={labels}; a reward model has one output (num_labels=1)")
+    eos = hf.get("eos_token_id")
+    eos = eos[0] if isinstance(eos, list) and eos else eos
+    pad = hf.get("pad_token_id")
+    return {"format_version": FORMAT_VERSION, "sequence_layout": "as trained (transformers checkpoint)",
+            "eos_token_id": eos, "pad_token_id": pad if pad is not None else (eos if eos is not None else 0)}
+
+
 def load_reward_model(path: str | os.PathLike, dtype: str = "float32",
                       attn_implementation: str = "auto") -> RewardModel:
-    """Load a directory written by ``save_reward_model`` (``dtype`` = compute dtype; params stay float32;
-    ``attn_implementation`` as ``model.attn_implementation``)."""
+    """Load a directory written by ``save_reward_model``, or a transformers ``...ForSequenceClassification``
+    (``num_labels=1``; single or sharded safetensors, any float dtype; tokenizer optional). ``dtype`` = compute
+    dtype (params stay float32); ``attn_implementation`` as ``model.attn_implementation``."""
     path = os.fspath(path)
     meta_file = os.path.join(path, METADATA_FILE)
-    if not os.path.isfile(meta_file):
-        raise FileNotFoundError(f"{path} is not a reward-model directory: no {METADATA_FILE}")
-    with open(meta_file) as fh:
-        metadata = json.load(fh)
-    if metadata.get("format_version") != FORMAT_VERSION:
-        raise ValueError(f"{meta_file}: format_version {metadata.get('format_version')!r}, expected {FORMAT_VERSION}")
-    for key in ("eos_token_id", "pad_token_id"):
-        if not isinstance(metadata.get(key), int):
-            raise ValueError(f"{meta_file}: missing integer {key!r}")
+    if os.path.isfile(meta_file):
+        with open(meta_file) as fh:
+            metadata = json.load(fh)
+        if metadata.get("format_version") != FORMAT_VERSION:
+            raise ValueError(f"{meta_file}: format_version {metadata.get('format_version')!r}, "
+                             f"expected {FORMAT_VERSION}")
+        for key in ("eos_token_id", "pad_token_id"):
+            if not isinstance(metadata.get(key), int):
+                raise ValueError(f"{meta_file}: missing integer {key!r}")
+    else:
+        metadata = _hf_metadata(path)
     config = DecoderConfig.from_pretrained_dir(path, dtype=dtype, attn_implementation=attn_implementation)
-    weights = os.path.join(path, "model.safetensors")
-    if not os.path.isfile(weights):
-        raise FileNotFoundError(f"{path}: no model.safetensors")
-    params = hf_state_dict_to_value_params(load_file(weights), config, source=weights)
-    params = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params)
-    return RewardModel(config=config, params=params, tokenizer=Tokenizer.from_dir(path), path=path, metadata=metadata)
+    state = dict(iter_safetensors(path))
+    params = hf_state_dict_to_value_params(state, config, source=path)
+    params = jax.tree.map(lambda x: jnp.asarray(np.asarray(x, np.float32)), params)
+    tokenizer = Tokenizer.from_dir(path) if os.path.isfile(os.path.join(path, "tokenizer.json")) else None
+    return RewardModel(config=config, params=params, tokenizer=tokenizer, path=path, metadata=metadata)

@@ -48,7 +48,7 @@ from jaxrl_hf.models import param_logical_axes
 from jaxrl_hf.rollout import ENGINE_NAMES, JaxGenerationEngine, RolloutEngine, SamplingParams, make_rollout_engine
 from jaxrl_hf.rollout.loops import RolloutRequest, make_rollout_loop
 from jaxrl_hf.workers import checkpoint as ckpt
-from jaxrl_hf.workers.checkpoint import export_hf_dir
+from jaxrl_hf.workers.checkpoint import export_hf_dir, hf_export_options
 from jaxrl_hf.workers.actor_programs import LOG_PROB_INPUTS, build_actor_update, log_probs_program
 from jaxrl_hf.workers.common import (LoadedModel, WorkerConfigError, check_sequence_parallel_heads,
                                      lm_param_shardings, load_model, pad_sequences_to,
@@ -423,7 +423,8 @@ class ActorRolloutRefWorker(Worker):
         """Atomically write params, optimizer state, update count and the RNG/step counters to ``path``."""
         self._require_model("save_checkpoint")
         meta = {"role": self.worker_role, "global_step": self.global_step, "gen_calls": self._gen_calls,
-                "rollout_seed": self.config.rollout.seed, "model_config": self.model.config.to_hf_dict()}
+                "rollout_seed": self.config.rollout.seed, "model_config": self.model.config.to_hf_dict(),
+                "model_path": self.model.path}
         with self._optimizer_on_device():
             return ckpt.save_state(path, self._checkpoint_tree(), meta)
 
@@ -460,10 +461,10 @@ class ActorRolloutRefWorker(Worker):
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
     def export_hf(self, path: str) -> str:
-        """Write the actor's current weights as an HF safetensors directory (+ tokenizer files), atomically."""
+        """The actor's current weights as an HF model directory (`export_hf_dir`, ``trainer.export_hf_*``)."""
         self._require_model("export_hf")
         params = self.policy_params() if self.has_actor else self.ref_params
         adapters = None
         if self.lora is not None:  # merged weights, and the adapters alone (PEFT format) beside them
             adapters = lambda out: self.lora.save_adapter(out, self.state.params, self.model.path)  # noqa: E731
-        return export_hf_dir(path, params, self.model.config, self.model.path, adapters)
+        return export_hf_dir(path, params, self.model.config, self.model.path, adapters, **hf_export_options(self.config))

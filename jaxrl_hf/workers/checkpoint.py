@@ -21,8 +21,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from jaxrl_hf.models import save_hf_dir
-from jaxrl_hf.workers.common import copy_tokenizer_files
+from jaxrl_hf.models.hf_export import export_dtype, parse_shard_size, write_hf_model_dir
 
 FORMAT_VERSION = 1
 STATE_DIR = "state"
@@ -98,22 +97,58 @@ def restore_state(path: str | os.PathLike, like: Any) -> tuple[Any, dict[str, An
     return state, meta
 
 
+def read_params(path: str | os.PathLike) -> tuple[Any, dict[str, Any]]:
+    """``(params, metadata)`` of a worker checkpoint as host numpy arrays, on this process's CPU, without the
+    worker: only the params subtree is read (an actor's ``train_state.params``, a reference's ``ref_params``);
+    the optimizer state stays on disk."""
+    meta = read_metadata(path)
+    state_dir = os.path.join(os.path.abspath(os.fspath(path)), STATE_DIR)
+    checkpointer = ocp.PyTreeCheckpointer()
+    saved = checkpointer.metadata(state_dir)
+    tree = getattr(getattr(saved, "item_metadata", saved), "tree", getattr(saved, "item_metadata", saved))
+    if "train_state" in tree:
+        keys = ("train_state", "params")
+    elif "ref_params" in tree:
+        keys = ("ref_params",)
+    else:
+        raise ValueError(f"checkpoint {path} holds neither train_state.params nor ref_params (has {sorted(tree)})")
+    sub = tree
+    for key in keys:
+        sub = sub[key]
+    item: Any = jax.tree.map(lambda _: np.zeros((), np.float32), sub)
+    for key in reversed(keys):
+        item = {key: item}
+    restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), item)
+    restored = checkpointer.restore(state_dir, args=ocp.args.PyTreeRestore(item=item, restore_args=restore_args,
+                                                                          partial_restore=True))
+    for key in keys:
+        restored = restored[key]
+    return restored, meta
+
+
+def hf_export_options(config: Any) -> dict[str, Any]:
+    """``export_hf_dir``'s ``dtype`` / ``max_shard_size`` from a run config's ``trainer.export_hf_*`` keys."""
+    return {"dtype": config.trainer.export_hf_dtype, "max_shard_size": config.trainer.export_hf_max_shard_size}
+
+
 def export_hf_dir(path: str, params: Any, model_config: Any, tokenizer_dir: str | None,
-                  save_adapters: Any = None) -> str:
-    """Write ``params`` (gathered to the host, float32) as an HF safetensors directory at ``path`` with the
-    tokenizer files of ``tokenizer_dir`` and, with ``save_adapters(dir)``, a ``lora_adapter/`` beside them;
-    atomically (a temporary directory renamed into place). Every process calls it; process 0 writes."""
+                  save_adapters: Any = None, dtype: str = "bfloat16", max_shard_size: int | str = "5GB") -> str:
+    """Write ``params`` (gathered to the host) as an HF model directory at ``path``
+    (`jaxrl_hf.models.hf_export.write_hf_model_dir`: ``dtype`` safetensors in shards of ``max_shard_size``,
+    config, generation config, the tokenizer files of ``tokenizer_dir``) and, with ``save_adapters(dir)``, a
+    ``lora_adapter/`` beside them; atomically (a temporary directory renamed into place). Every process calls
+    it; process 0 writes."""
+    export_dtype(dtype, "trainer.export_hf_dtype")  # a bad value fails before the gather
+    parse_shard_size(max_shard_size, "trainer.export_hf_max_shard_size")
     host = jax.tree.map(lambda x: np.asarray(jax.device_get(x)), params) if jax.process_count() == 1 else \
         jax.tree.map(lambda x: np.asarray(jax.experimental.multihost_utils.process_allgather(x, tiled=True)), params)
-    host = jax.tree.map(lambda x: x.astype(np.float32) if x.dtype != np.float32 else x, host)  # a bf16 reference
     path = os.path.abspath(path)
     if jax.process_index() == 0:
         tmp = f"{path}.tmp-export"
         shutil.rmtree(tmp, ignore_errors=True)
-        save_hf_dir(tmp, host, model_config)
+        write_hf_model_dir(tmp, host, model_config, tokenizer_dir, dtype, max_shard_size)
         if save_adapters is not None:
             save_adapters(os.path.join(tmp, "lora_adapter"))
-        copy_tokenizer_files(tokenizer_dir, tmp)
         if os.path.exists(path):
             shutil.rmtree(path)
         os.rename(tmp, path)

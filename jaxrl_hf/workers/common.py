@@ -247,22 +247,6 @@ def pad_rows_to(arrays: Mapping[str, np.ndarray], multiple: int) -> tuple[dict[s
     return {k: np.concatenate([v, np.repeat(v[:1], extra, axis=0)]) for k, v in arrays.items()}, extra
 
 
-def copy_tokenizer_files(src_dir: str | None, dst_dir: str) -> list[str]:
-    """Copy the tokenizer files of an HF directory (if any) so an exported model is self-contained."""
-    import shutil
-
-    copied = []
-    if not src_dir:
-        return copied
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
-                 "chat_template.jinja"):
-        src = os.path.join(src_dir, name)
-        if os.path.isfile(src):
-            shutil.copyfile(src, os.path.join(dst_dir, name))
-            copied.append(name)
-    return copied
-
-
 def chunked_apply(program: Any, params: Any, arrays: Mapping[str, np.ndarray], chunk: int,
                   mesh: jax.sharding.Mesh, dp_processes: int, *extra: Any) -> tuple[np.ndarray, ...]:
     """Run ``program(params, micro, *extra) -> array or tuple of [rows, ...] arrays`` over this process's rows in

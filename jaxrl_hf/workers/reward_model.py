@@ -2,7 +2,8 @@
 and cost model classes; Safe-RLHF uses both).
 
 The model is a directory written by ``jaxrl_hf.rewards.save_reward_model`` / ``launch/train_rm.py`` (HF
-``...ForSequenceClassification`` names), or ``"tiny-random"`` (a random decoder + random head from
+``...ForSequenceClassification`` names) or by transformers' ``save_pretrained`` of a ``Llama``/``Qwen2``
+``ForSequenceClassification`` with ``num_labels=1`` (`jaxrl_hf.rewards.rm_io.load_reward_model`), or ``"tiny-random"`` (a random decoder + random head from
 ``model.tiny`` / the role's ``seed``, for smoke tests). ``compute_rm_score`` reads the value head at the
 last valid token of ``attention_mask`` (prompt + response) and writes it at the last valid response token
 of a ``[B, R]`` float32 matrix: ``rm_scores`` for role ``"reward"``, ``cost_scores`` for role ``"cost"``.
