@@ -4,7 +4,8 @@ periodic checkpoints.
 Each step takes the items `jaxrl_hf.finetune.policy.batch_indices` names for it, runs the jitted step and logs
 ``{step, <loss metrics>, train/grad_norm, train/lr, perf/tokens_per_s, perf/throughput, perf/time_per_step}``
 (``train/lr`` is the learning rate of that update; ``perf/throughput`` is tokens per second per device, verl's
-meaning; tokens are the real, non-padding tokens the forward ran over). ``--resume`` restores ``OUT/checkpoint``
+meaning: the step runs on one device, so it equals ``perf/tokens_per_s``; tokens are the real, non-padding tokens
+the forward ran over). ``--resume`` restores ``OUT/checkpoint``
 and continues at its step with the same data order; a fresh run refuses an ``OUT`` that already holds a
 checkpoint, so one is never overwritten by accident.
 """
@@ -60,7 +61,6 @@ def run_steps(spec: LoopSpec, state: TrainState, frozen: Any, step_fn: Callable[
     """Steps ``int(state.step) .. spec.steps - 1``; returns the final state and the per-step metrics. Saves
     ``OUT/checkpoint`` every ``save_every`` steps and after the last."""
     history = []
-    devices = max(len(jax.devices()), 1)
     meta = {"kind": spec.kind, "num_items": spec.num_items, **metadata}
     for step in range(int(state.step), spec.steps):
         batch = make_batch(batch_indices(step, spec.batch_size, spec.num_items, spec.seed))
@@ -70,7 +70,7 @@ def run_steps(spec: LoopSpec, state: TrainState, frozen: Any, step_fn: Callable[
         metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
         seconds = time.perf_counter() - t0
         metrics.update({"train/lr": float(lr_at(step)), "perf/tokens_per_s": tokens / seconds,
-                        "perf/throughput": tokens / seconds / devices, "perf/time_per_step": seconds})
+                        "perf/throughput": tokens / seconds, "perf/time_per_step": seconds})
         log(step + 1, metrics)
         history.append({"step": step + 1, **metrics})
         if (step + 1) % spec.log_every == 0 or step + 1 == spec.steps:
