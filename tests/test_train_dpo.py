@@ -114,34 +114,35 @@ def _hf_response_logps(model, ids, start):
     return sum(logp[t - 1, ids[t]] for t in range(start, len(ids))), len(ids) - start
 
 
-@pytest.mark.parametrize("kind", ["dpo", "ipo"])
-def test_batch_loss_matches_transformers_float64(gsm8k_encoded, tmp_path, kind):
-    """Policy and reference are two different random models; the loss on a padded batch equals TRL's formula on
-    response log-probs that transformers computes sequence by sequence."""
+@pytest.mark.slow
+def test_batch_loss_matches_transformers_float64(gsm8k_encoded, tmp_path):
+    """Policy and reference are two different random models; DPO and IPO on a padded batch equal TRL's formulas on
+    response log-probs that transformers computes sequence by sequence (summed for DPO, token-mean for IPO)."""
     import torch
     import transformers
 
     tokenizer, _, encoded = gsm8k_encoded
     config = _tiny_lm(tokenizer.vocab_size)
-    models = {}
+    idx = [0, 1, 2]
+    sums, means = {}, {}
     for name, seed in (("policy", 1), ("reference", 2)):
         save_hf_dir(tmp_path / name, init_params(config, seed), config)
-        models[name] = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / name),
-                                                                         dtype=torch.float32).eval()
-    idx = [0, 1, 2]
-    logps = {name: [[], []] for name in models}
-    for name, model in models.items():
+        model = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / name), dtype=torch.float32).eval()
+        sums[name], means[name] = [[], []], [[], []]
         for i in idx:
             for side, seqs in enumerate((encoded.chosen, encoded.rejected)):
                 total, n = _hf_response_logps(model, seqs[i], encoded.prompt_lengths[i])
-                logps[name][side].append(total / n if kind == "ipo" else total)
+                sums[name][side].append(total)
+                means[name][side].append(total / n)
     batch = preference_batch(encoded, idx, batch_size=4, pad_id=2, max_length=512)
-    ref = np.asarray(logps["reference"][0] + [0.0] + logps["reference"][1] + [0.0], np.float32)
-    batch = {k: jnp.asarray(v) for k, v in {**batch, "ref_logps": ref}.items()}
-    loss, metrics = jax.jit(dpo_loss, static_argnums=(1, 3, 4))(init_params(config, 1), config, batch, kind, 0.1)
-    expected = _np_reference(kind, *logps["policy"], *logps["reference"], 0.1, np.ones(3))
-    for key, value in expected.items():
-        assert float(metrics[key]) == pytest.approx(value, rel=1e-4, abs=1e-5), key
+    loss_fn = jax.jit(dpo_loss, static_argnums=(1, 3, 4))
+    for kind, logps in (("dpo", sums), ("ipo", means)):
+        ref = np.asarray(logps["reference"][0] + [0.0] + logps["reference"][1] + [0.0], np.float32)
+        arrays = {k: jnp.asarray(v) for k, v in {**batch, "ref_logps": ref}.items()}
+        _, metrics = loss_fn(init_params(config, 1), config, arrays, kind, 0.1)
+        expected = _np_reference(kind, *logps["policy"], *logps["reference"], 0.1, np.ones(3))
+        for key, value in expected.items():
+            assert float(metrics[key]) == pytest.approx(value, rel=1e-4, abs=1e-5), (kind, key)
 
 
 def _load_cli():
