@@ -198,3 +198,39 @@ def test_smoke_run_learns_resumes_and_exports_for_transformers(tmp_path, smollm2
     np.testing.assert_allclose(ours.logits(ids), hf_logits, atol=1e-4)
     assert transformers.AutoTokenizer.from_pretrained(export).apply_chat_template(CONVERSATION, tokenize=False) == \
         ours.tokenizer.apply_chat_template(CONVERSATION)
+
+
+def test_lora_trains_adapters_only_and_the_export_merges_them(tmp_path):
+    """``--lora-rank``: the optimizer holds only adapters, the loss falls, and OUT/hf holds base + (α/r)·B·A."""
+    from jaxrl_hf.finetune import policy as pol
+    from jaxrl_hf.finetune.sft_data import EncodedChats
+    from jaxrl_hf.finetune.steps import make_train_step
+    from jaxrl_hf.models import forward, load_hf_dir
+    from jaxrl_hf.models.lora import LORA_TARGETS, merge_lora
+
+    config = _tiny_lm(97)
+    rng = np.random.default_rng(0)
+    seqs = [rng.integers(3, 97, n).tolist() for n in (20, 31, 12, 40)]
+    masks = [[0] * (len(s) // 2) + [1] * (len(s) - len(s) // 2) for s in seqs]
+    buffers = pack_buffers(EncodedChats(seqs, masks, ["r"] * 4, 0), 64, pad_id=2)
+    batch = {k: jnp.asarray(v) for k, v in buffers.items()}
+    base = init_params(config, 0)
+    lora_cfg = pol.lora_config(4, 8.0)
+    trainable, frozen = pol.split_trainable(base, lora_cfg, seed=0)
+    assert set(trainable) == set(LORA_TARGETS)
+    optimizer = pol.make_optimizer(pol.lr_schedule(2e-2, 0, 40, "constant"))
+    state = pol.init_state(trainable, optimizer)
+    step = make_train_step(lambda p, b: sft_loss(p, config, b), optimizer, lora_cfg)
+    losses = []
+    for _ in range(40):
+        state, metrics = step(state, frozen, batch)
+        losses.append(float(metrics["train/loss"]))
+    assert losses[-1] < 0.8 * losses[0], losses
+    policy = pol.Policy("tiny", config, base, None, None)
+    pol.export_policy(str(tmp_path), state, frozen, lora_cfg, policy)
+    _, exported = load_hf_dir(tmp_path / "hf")
+    merged = merge_lora(frozen, state.trainable, lora_cfg)
+    ids = jnp.asarray(buffers["input_ids"][:1])
+    logits = jax.jit(forward, static_argnums=1)
+    np.testing.assert_allclose(logits(exported, config, ids), logits(merged, config, ids), atol=1e-5)
+    assert not np.allclose(logits(exported, config, ids), logits(base, config, ids), atol=1e-3)
