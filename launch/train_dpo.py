@@ -10,8 +10,10 @@ Pairs are jsonl rows ``{"prompt", "chosen", "rejected"}`` (`jaxrl_hf.rewards.rm_
 reads; a malformed row stops the run naming the file and row). Each sequence is ``chat_template(prompt) +
 response + eos`` and only the response tokens are scored (`jaxrl_hf.finetune.dpo_data`).
 
-The reference model is the frozen initial model; its response log-probs are computed once, for every pair,
-before the first update, and kept on the host: no second model is held during training. The loss is
+The reference model is the frozen initial model (``--model`` as loaded, before any update; with LoRA, the base):
+its response log-probs are computed once, before the first update, for every pair the run's steps will visit,
+and kept on the host, so no second model is held during training. On ``--resume`` they are computed again from
+``--model`` (which must be the same model as the first run's). The loss is
 ``-log σ(β h)`` (``--loss dpo``) or ``(h - 1/(2β))²`` (``--loss ipo``, on per-token mean log-probs, as TRL),
 ``h = (π_c - r_c) - (π_r - r_r)`` (`jaxrl_hf.algos.preference`). ``OUT/metrics.jsonl`` holds TRL's
 ``train/loss``, ``rewards/chosen``, ``rewards/rejected``, ``rewards/accuracies``, ``rewards/margins``,
@@ -57,17 +59,18 @@ def load_pairs(args: argparse.Namespace) -> tuple[list, str]:
     return read_pairs(args.pairs)[: args.train_limit], args.pairs
 
 
-def reference_log_probs(params: Any, config: Any, encoded: EncodedPreferences, batch_size: int, pad_id: int,
-                        max_length: int, average: bool) -> np.ndarray:
-    """``[N, 2]`` float32: the frozen model's response log-probs of every pair's (chosen, rejected) sequence."""
+def reference_log_probs(params: Any, config: Any, encoded: EncodedPreferences, pairs: list[int], batch_size: int,
+                        pad_id: int, max_length: int, average: bool) -> np.ndarray:
+    """``[N, 2]`` float32: the frozen model's response log-probs of the (chosen, rejected) sequences of ``pairs``
+    (NaN for pairs the run never visits)."""
     fn = make_reference_fn(config, average)
-    out = np.zeros((len(encoded), 2), np.float32)
-    for start in range(0, len(encoded), batch_size):
-        idx = list(range(start, min(start + batch_size, len(encoded))))
+    out = np.full((len(encoded), 2), np.nan, np.float32)
+    for start in range(0, len(pairs), batch_size):
+        idx = pairs[start:start + batch_size]
         batch = preference_batch(encoded, idx, batch_size, pad_id, max_length)
         logps = np.asarray(fn(params, {k: jnp.asarray(v) for k, v in batch.items() if k != "pair_mask"}))
-        out[start:start + len(idx), 0] = logps[: len(idx)]
-        out[start:start + len(idx), 1] = logps[batch_size: batch_size + len(idx)]
+        out[idx, 0] = logps[: len(idx)]
+        out[idx, 1] = logps[batch_size: batch_size + len(idx)]
     return out
 
 
@@ -84,12 +87,6 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     print(f"[train_dpo] {data_desc}: {len(pairs)} pairs, kept {len(encoded)}, dropped {encoded.dropped_too_long} "
           f"longer than --max-length {args.max_length}; model {policy.name} ({config.num_hidden_layers} layers)",
           flush=True)
-    t_ref = time.perf_counter()
-    ref = reference_log_probs(policy.params, config, encoded, args.batch_size, pad, args.max_length,
-                              average=args.loss == "ipo")
-    print(f"[train_dpo] reference log-probs of {len(encoded)} pairs from the frozen initial model "
-          f"({time.perf_counter() - t_ref:.1f}s)", flush=True)
-
     lora_cfg = pol.lora_config(args.lora_rank, args.lora_alpha)
     trainable, frozen = pol.split_trainable(policy.params, lora_cfg, args.seed)
     schedule = pol.lr_schedule(args.lr, args.warmup_steps, args.steps, args.lr_scheduler)
@@ -97,6 +94,13 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     spec = loop.LoopSpec("dpo", args.out, args.steps, args.batch_size, len(encoded), args.seed, args.save_every,
                          args.log_every, args.resume)
     state, first = loop.start_state(spec, pol.init_state(trainable, optimizer))
+    visited = sorted({i for s in range(first, args.steps)
+                      for i in pol.batch_indices(s, args.batch_size, len(encoded), args.seed)})
+    t_ref = time.perf_counter()
+    ref = reference_log_probs(policy.params, config, encoded, visited, args.batch_size, pad, args.max_length,
+                              average=args.loss == "ipo")
+    print(f"[train_dpo] reference log-probs of the {len(visited)} pairs steps {first + 1}..{args.steps} visit, from "
+          f"the frozen initial model ({time.perf_counter() - t_ref:.1f}s)", flush=True)
     loss_type, beta = args.loss, args.beta
     step_fn = make_train_step(lambda params, batch: dpo_loss(params, config, batch, loss_type, beta), optimizer,
                               lora_cfg)
