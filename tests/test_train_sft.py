@@ -15,7 +15,7 @@ import pytest
 
 from jaxrl_hf.data.gsm8k import default_gsm8k_dir
 from jaxrl_hf.finetune.chat_tokens import encode_chat
-from jaxrl_hf.finetune.sft_data import (RowKeys, SFTRowError, encode_conversations,
+from jaxrl_hf.finetune.sft_data import (EncodedChats, RowKeys, SFTRowError, encode_conversations,
                                         first_fit_decreasing, gsm8k_conversations, pack_buffers, read_sft_rows)
 from jaxrl_hf.finetune.steps import sft_loss
 from jaxrl_hf.models import DecoderConfig, Tokenizer, init_params, save_hf_dir
@@ -162,34 +162,27 @@ def _load_cli():
 
 
 @pytest.mark.slow
-def test_smoke_run_learns_resumes_and_exports_for_transformers(tmp_path, smollm2_dir):
-    """A tiny random model on 4 repeated GSM8K conversations: the loss falls below 0.8x its start; a run cut at
-    step 3 and resumed logs the same steps 4..6 as an uninterrupted run; OUT/hf loads in transformers with our
-    logits."""
+def test_smoke_run_learns_and_exports_for_transformers(tmp_path, smollm2_dir):
+    """A tiny random model on 4 repeated GSM8K conversations: the loss falls below 0.8x its start, metrics.jsonl has
+    verl's keys, a second fresh run into the same OUT is refused, and OUT/hf loads in transformers with our logits."""
     import torch
     import transformers
 
     from jaxrl_hf.models import load_pretrained
 
     cli = _load_cli()
-    common = ["--preset", "smoke", "--train-limit", "4", "--max-length", "512", "--batch-size", "1", "--lr", "1e-2"]
-    full = cli.main([*common, "--steps", "6", "--out", str(tmp_path / "full")])
-    losses = [h["train/loss"] for h in full["history"]]
+    common = ["--preset", "smoke", "--train-limit", "4", "--max-length", "512", "--batch-size", "1", "--lr", "1e-2",
+              "--steps", "6", "--out", str(tmp_path / "run")]
+    summary = cli.main(common)
+    losses = [h["train/loss"] for h in summary["history"]]
     assert losses[-1] < 0.8 * losses[0], losses
-    records = [json.loads(line) for line in open(tmp_path / "full" / "metrics.jsonl")]
+    records = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
     assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]
     assert {"train/loss", "train/lr", "train/grad_norm", "perf/tokens_per_s"} <= set(records[0])
-
-    cut = tmp_path / "cut"
-    cli.main([*common, "--steps", "3", "--out", str(cut)])
     with pytest.raises(SystemExit, match="already holds a checkpoint"):
-        cli.main([*common, "--steps", "6", "--out", str(cut)])
-    resumed = cli.main([*common, "--steps", "6", "--out", str(cut), "--resume"])
-    assert resumed["resumed_from_step"] == 3
-    np.testing.assert_allclose([h["train/loss"] for h in resumed["history"]], losses[3:], rtol=1e-5)
-    assert [json.loads(line)["step"] for line in open(cut / "metrics.jsonl")] == [1, 2, 3, 4, 5, 6]
+        cli.main(common)
 
-    export = str(tmp_path / "full" / "hf")
+    export = str(tmp_path / "run" / "hf")
     ours = load_pretrained(export)
     ids = np.asarray([ours.tokenizer.apply_chat_template(CONVERSATION, tokenize=True)])
     hf = transformers.AutoModelForCausalLM.from_pretrained(export, dtype=torch.float32).eval()
@@ -200,19 +193,59 @@ def test_smoke_run_learns_resumes_and_exports_for_transformers(tmp_path, smollm2
         ours.tokenizer.apply_chat_template(CONVERSATION)
 
 
+def _synthetic_buffers(length: int = 64) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    seqs = [rng.integers(3, 97, n).tolist() for n in (20, 31, 12, 40, 25, 9)]
+    masks = [[0] * (len(s) // 2) + [1] * (len(s) - len(s) // 2) for s in seqs]
+    return pack_buffers(EncodedChats(seqs, masks, ["r"] * len(seqs), 0), length, pad_id=2)
+
+
+def test_resume_continues_exactly_as_an_uninterrupted_run(tmp_path):
+    """Steps 4..6 after a checkpoint at step 3 and a restore (params, AdamW moments, step, data order) log the same
+    losses as an uninterrupted 6-step run; metrics.jsonl is cut back to the checkpoint's step on resume."""
+    from jaxrl_hf.finetune import loop, policy as pol
+    from jaxrl_hf.finetune.steps import make_train_step
+    from jaxrl_hf.trainer.logging import MetricLogger
+
+    config = _tiny_lm(97)
+    buffers = _synthetic_buffers(48)
+    schedule = pol.lr_schedule(1e-2, 2, 6, "cosine")
+    optimizer = pol.make_optimizer(schedule, weight_decay=0.01)
+    step_fn = make_train_step(lambda p, b: sft_loss(p, config, b), optimizer, None)
+
+    def run(out, steps, resume, params):
+        spec = loop.LoopSpec("sft", str(out), steps, 2, len(buffers["input_ids"]), 0, 3, resume=resume)
+        state, first = loop.start_state(spec, pol.init_state(jax.tree.map(jnp.copy, params), optimizer))  # donated
+        logger = MetricLogger(str(out), ["jsonl"], resume_step=first)
+        return loop.run_steps(spec, state, {}, step_fn, lambda idx: {k: v[idx] for k, v in buffers.items()},
+                              lambda b: int((b["segment_ids"] > 0).sum()), lambda s: float(schedule(s)),
+                              logger.log, {})[1]
+
+    params = init_params(config, 0)
+    full = run(tmp_path / "full", 6, False, params)
+    run(tmp_path / "cut", 3, False, params)
+    with open(tmp_path / "cut" / "metrics.jsonl", "a") as fh:  # a step logged after the checkpoint, then a crash
+        fh.write(json.dumps({"step": 4, "train/loss": 0.0}) + "\n")
+    resumed = run(tmp_path / "cut", 6, True, params)
+    assert [h["step"] for h in resumed] == [4, 5, 6]
+    for key in ("train/loss", "train/grad_norm", "train/lr"):
+        np.testing.assert_allclose([h[key] for h in resumed], [h[key] for h in full[3:]], rtol=1e-5)
+    logged = [json.loads(line) for line in open(tmp_path / "cut" / "metrics.jsonl")]
+    assert [r["step"] for r in logged] == [1, 2, 3, 4, 5, 6] and logged[3]["train/loss"] == resumed[0]["train/loss"]
+    with pytest.raises(ValueError, match=r"is a 'sft' checkpoint over \d+ items; this run is 'dpo'"):
+        loop.start_state(loop.LoopSpec("dpo", str(tmp_path / "cut"), 6, 2, 3, 0, 3, resume=True),
+                         pol.init_state(params, optimizer))
+
+
 def test_lora_trains_adapters_only_and_the_export_merges_them(tmp_path):
     """``--lora-rank``: the optimizer holds only adapters, the loss falls, and OUT/hf holds base + (α/r)·B·A."""
     from jaxrl_hf.finetune import policy as pol
-    from jaxrl_hf.finetune.sft_data import EncodedChats
     from jaxrl_hf.finetune.steps import make_train_step
     from jaxrl_hf.models import forward, load_hf_dir
     from jaxrl_hf.models.lora import LORA_TARGETS, merge_lora
 
     config = _tiny_lm(97)
-    rng = np.random.default_rng(0)
-    seqs = [rng.integers(3, 97, n).tolist() for n in (20, 31, 12, 40)]
-    masks = [[0] * (len(s) // 2) + [1] * (len(s) - len(s) // 2) for s in seqs]
-    buffers = pack_buffers(EncodedChats(seqs, masks, ["r"] * 4, 0), 64, pad_id=2)
+    buffers = _synthetic_buffers()
     batch = {k: jnp.asarray(v) for k, v in buffers.items()}
     base = init_params(config, 0)
     lora_cfg = pol.lora_config(4, 8.0)
