@@ -167,8 +167,9 @@ def test_smoke_run_loss_falls_and_logs_trl_metrics(tmp_path, smollm2_dir):
     from jaxrl_hf.models import load_pretrained
 
     out = tmp_path / "dpo"
-    summary = _load_cli().main(["--preset", "smoke", "--train-limit", "2", "--batch-size", "2", "--lr", "3e-3",
-                                "--steps", "6", "--out", str(out)])
+    cli = _load_cli()
+    common = ["--preset", "smoke", "--train-limit", "2", "--batch-size", "2", "--lr", "3e-3", "--out", str(out)]
+    summary = cli.main([*common, "--steps", "6"])
     losses = [h["train/loss"] for h in summary["history"]]
     assert losses[0] == pytest.approx(np.log(2.0), abs=1e-4)  # policy == reference at step 1
     assert losses[-1] < 0.8 * losses[0], losses
@@ -177,3 +178,7 @@ def test_smoke_run_loss_falls_and_logs_trl_metrics(tmp_path, smollm2_dir):
             "train/lr", "train/grad_norm"} <= set(record)
     assert record["rewards/margins"] > 0 and record["rewards/accuracies"] == 1.0
     assert load_pretrained(str(out / "hf")).config.num_hidden_layers == 2
+    # resumed: the reference log-probs are recomputed from the initial model, so step 7 keeps improving on step 6
+    resumed = cli.main([*common, "--steps", "7", "--resume"])
+    assert resumed["resumed_from_step"] == 6 and [h["step"] for h in resumed["history"]] == [7]
+    assert np.isfinite(resumed["history"][0]["train/loss"]) and resumed["history"][0]["train/loss"] < losses[-1]
