@@ -109,6 +109,11 @@ class Tokenizer:
                 ids = [*ids, self.eos_token_id]
         return list(ids)
 
+    def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """Token ids of ``text`` (no special tokens added) and each token's ``(start, end)`` character span."""
+        encoding = self._tok.encode(text, add_special_tokens=False)
+        return list(encoding.ids), [tuple(o) for o in encoding.offsets]
+
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         return [list(e.ids) for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
 
