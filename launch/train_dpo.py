@@ -40,6 +40,7 @@ import numpy as np  # noqa: E402
 from jaxrl_hf.algos.preference import PREFERENCE_LOSSES  # noqa: E402
 from jaxrl_hf.data import gsm8k as gsm8k_data  # noqa: E402
 from jaxrl_hf.errors import ExitCode  # noqa: E402
+from jaxrl_hf.finetune.cli_args import add_training_args, parse_training_args  # noqa: E402
 from jaxrl_hf.finetune import loop, policy as pol  # noqa: E402
 from jaxrl_hf.finetune.dpo_data import EncodedPreferences, encode_preferences, preference_batch  # noqa: E402
 from jaxrl_hf.finetune.steps import dpo_loss, make_reference_fn, make_train_step  # noqa: E402
@@ -137,39 +138,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--train-limit", type=int, default=None, help="use only the first N pairs")
     p.add_argument("--loss", choices=PREFERENCE_LOSSES, default="dpo", help="dpo (sigmoid) or ipo")
     p.add_argument("--beta", type=float, default=0.1, help="KL strength β (IPO: τ)")
-    p.add_argument("--model", default="smollm2-135m-instruct", help="'tiny', a known name, an HF dir or a .gguf")
-    p.add_argument("--num-layers", type=int, default=None, help="keep only the first K decoder layers")
-    p.add_argument("--out", required=True, help="output directory")
-    p.add_argument("--steps", type=int, default=100)
-    p.add_argument("--batch-size", type=int, default=8, help="pairs per step")
-    p.add_argument("--max-length", type=int, default=512, help="longest prompt + response kept (tokens)")
-    p.add_argument("--lr", type=float, default=5e-7)
-    p.add_argument("--lr-scheduler", choices=("cosine", "constant"), default="cosine")
-    p.add_argument("--warmup-steps", type=int, default=10)
-    p.add_argument("--weight-decay", type=float, default=0.0)
-    p.add_argument("--max-grad-norm", type=float, default=1.0)
-    p.add_argument("--lora-rank", type=int, default=0, help="> 0: train LoRA adapters only, base frozen")
-    p.add_argument("--lora-alpha", type=float, default=16.0)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="compute dtype")
-    p.add_argument("--remat", choices=("none", "full", "dots", "dots_no_batch"), default="full")
-    p.add_argument("--save-every", type=int, default=50, help="checkpoint every N steps (and after the last)")
-    p.add_argument("--log-every", type=int, default=1)
-    p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint")
+    add_training_args(p, steps=100, batch_help="pairs per step", max_length=512,
+                      length_help="longest prompt + response kept (tokens)", lr=5e-7, weight_decay=0.0)
     return p
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
-    preset = parser.parse_known_args(argv)[0].preset
-    if preset:
-        parser.set_defaults(**PRESETS[preset])
-    args = parser.parse_args(argv)
-    args.argv = argv
-    for name in ("steps", "batch_size", "max_length", "save_every", "log_every"):
-        if getattr(args, name) < 1:
-            raise SystemExit(f"train_dpo: --{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    args = parse_training_args(build_parser(), sys.argv[1:] if argv is None else argv, PRESETS, "train_dpo")
     if not args.beta > 0:
         raise SystemExit(f"train_dpo: --beta must be > 0, got {args.beta}")
     try:

@@ -30,6 +30,7 @@ sys.path.insert(0, REPO_ROOT)
 
 from jaxrl_hf.data.gsm8k import default_gsm8k_dir  # noqa: E402
 from jaxrl_hf.errors import ExitCode  # noqa: E402
+from jaxrl_hf.finetune.cli_args import add_training_args, parse_training_args  # noqa: E402
 from jaxrl_hf.finetune import loop, policy as pol  # noqa: E402
 from jaxrl_hf.finetune.sft_data import (RowKeys, SFTRowError, encode_conversations, gsm8k_conversations,  # noqa: E402
                                         pack_buffers, read_sft_rows)
@@ -107,39 +108,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--response-key", default="response", help="row key of the response when there are no messages")
     p.add_argument("--gsm8k", default=default_gsm8k_dir(), help="GSM8K dir with train.jsonl (the default data)")
     p.add_argument("--train-limit", type=int, default=None, help="use only the first N rows")
-    p.add_argument("--model", default="smollm2-135m-instruct", help="'tiny', a known name, an HF dir or a .gguf")
-    p.add_argument("--num-layers", type=int, default=None, help="keep only the first K decoder layers")
-    p.add_argument("--out", required=True, help="output directory")
-    p.add_argument("--steps", type=int, default=200)
-    p.add_argument("--batch-size", type=int, default=8, help="packed buffers per step")
-    p.add_argument("--max-length", type=int, default=1024, help="buffer length (tokens)")
-    p.add_argument("--lr", type=float, default=1e-5)
-    p.add_argument("--lr-scheduler", choices=("cosine", "constant"), default="cosine")
-    p.add_argument("--warmup-steps", type=int, default=10)
-    p.add_argument("--weight-decay", type=float, default=0.01)
-    p.add_argument("--max-grad-norm", type=float, default=1.0)
-    p.add_argument("--lora-rank", type=int, default=0, help="> 0: train LoRA adapters only, base frozen")
-    p.add_argument("--lora-alpha", type=float, default=16.0)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="compute dtype")
-    p.add_argument("--remat", choices=("none", "full", "dots", "dots_no_batch"), default="full")
-    p.add_argument("--save-every", type=int, default=50, help="checkpoint every N steps (and after the last)")
-    p.add_argument("--log-every", type=int, default=1)
-    p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint")
+    add_training_args(p, steps=200, batch_help="packed buffers per step", max_length=1024,
+                      length_help="buffer length (tokens)", lr=1e-5, weight_decay=0.01)
     return p
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
-    preset = parser.parse_known_args(argv)[0].preset
-    if preset:
-        parser.set_defaults(**PRESETS[preset])
-    args = parser.parse_args(argv)
-    args.argv = argv
-    for name in ("steps", "batch_size", "max_length", "save_every", "log_every"):
-        if getattr(args, name) < 1:
-            raise SystemExit(f"train_sft: --{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    args = parse_training_args(build_parser(), sys.argv[1:] if argv is None else argv, PRESETS, "train_sft")
     try:
         return train(args)
     except SFTRowError as exc:
