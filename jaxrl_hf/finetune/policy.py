@@ -174,4 +174,4 @@ def export_policy(out_dir: str, state: TrainState, frozen: Any, lora_cfg: lora.L
     """``OUT/hf``: the trained model (LoRA merged) in float32 as an HF directory with the tokenizer files."""
     params = state.trainable if lora_cfg is None else lora.merge_lora(frozen, state.trainable, lora_cfg)
     return export_hf_dir(os.path.join(out_dir, EXPORT_DIR), params, policy.config.replace(dtype="float32"),
-                         policy.tokenizer_dir)
+                         policy.tokenizer_dir, dtype="float32")  # the next stage's model.path, at full precision
