@@ -1,4 +1,5 @@
-"""Decoder configuration for the Llama / Qwen2 family, read from and written to HF ``config.json``.
+"""Decoder configuration for the Llama / Qwen2 / Qwen3 / Mistral / Gemma 2 families, read from and written to HF
+``config.json``.
 
 ``DecoderConfig`` is frozen and hashable so it can be a static argument of ``jax.jit`` and an
 attribute of a flax module. Architecture fields mirror the HF names; ``dtype`` / ``param_dtype`` /
@@ -12,7 +13,19 @@ import json
 import os
 from typing import Any, Mapping
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral", "gemma2")
+HF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                    "mistral": "MistralForCausalLM", "gemma2": "Gemma2ForCausalLM"}
+UNSUPPORTED_MODEL_TYPES = {
+    "gemma": "Gemma 1 (RMSNorm with (1+w), scaled embedding, GeGLU without Gemma 2's extra norms) is not implemented",
+    "gemma3_text": "Gemma 3 needs q/k RMSNorm, separate local/global RoPE bases (rope_local_base_freq) and its "
+                   "sliding-window pattern on top of Gemma 2; those are not implemented (gemma2 is)",
+    "gemma3": "Gemma 3 needs q/k RMSNorm, separate local/global RoPE bases (rope_local_base_freq), its "
+              "sliding-window pattern and a vision tower; those are not implemented (gemma2 is)",
+}
+"""model_types met in the wild that this decoder refuses, with what exactly is missing."""
+LAYER_TYPES = ("full_attention", "sliding_attention")
+HIDDEN_ACTS = ("silu", "gelu_pytorch_tanh")
 SUPPORTED_DTYPES = ("float32", "bfloat16", "float16")
 SUPPORTED_REMAT = ("none", "full", "dots", "dots_no_batch", "save_attn_out", "save_attn_out_mlp_in",
                    "dots_no_batch_attn_out")
@@ -23,10 +36,15 @@ SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 @dataclasses.dataclass(frozen=True)
 class DecoderConfig:
-    """Architecture + runtime options of a Llama/Qwen2-style decoder.
+    """Architecture + runtime options of a Llama-style decoder and its variants.
 
     ``rope_scaling`` is a sorted tuple of ``(key, value)`` pairs (hashable form of HF's
     ``rope_parameters`` minus ``rope_theta``), e.g. ``(("factor", 8.0), ("rope_type", "llama3"), ...)``.
+    ``qk_norm``: Qwen3's per-head RMSNorm of queries and keys before RoPE. ``layer_types``: HF's per-layer
+    ``"full_attention"`` / ``"sliding_attention"`` (``()`` = all full); a sliding layer's query ``i`` sees keys
+    ``j`` with ``i - sliding_window < j <= i``. ``model_type="gemma2"`` adds Gemma 2's structure (scaled
+    embedding, ``(1 + w)`` norms, norms after attention and MLP); its ``query_pre_attn_scalar`` and soft-caps
+    are fields here.
     """
 
     vocab_size: int
@@ -47,6 +65,13 @@ class DecoderConfig:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     pad_token_id: int | None = None
+    qk_norm: bool = False
+    sliding_window: int | None = None
+    layer_types: tuple[str, ...] = ()
+    hidden_act: str = "silu"
+    query_pre_attn_scalar: float | None = None
+    attn_logit_softcapping: float | None = None
+    final_logit_softcapping: float | None = None
     # Runtime options (not part of config.json).
     dtype: str = "float32"
     param_dtype: str = "float32"
@@ -68,6 +93,20 @@ class DecoderConfig:
             raise ValueError(f"DecoderConfig.head_dim={self.head_dim} must be even for RoPE")
         if self.model_type not in SUPPORTED_MODEL_TYPES:
             raise ValueError(f"DecoderConfig.model_type={self.model_type!r}; supported: {SUPPORTED_MODEL_TYPES}")
+        if self.layer_types and (len(self.layer_types) != self.num_hidden_layers
+                                 or any(t not in LAYER_TYPES for t in self.layer_types)):
+            raise ValueError(f"DecoderConfig.layer_types={self.layer_types!r}: one of {LAYER_TYPES} per layer "
+                             f"({self.num_hidden_layers} layers)")
+        if (self.sliding_window is not None or "sliding_attention" in self.layer_types) and (
+                not isinstance(self.sliding_window, int) or self.sliding_window <= 0):
+            raise ValueError(f"DecoderConfig.sliding_window={self.sliding_window!r} must be a positive int (or "
+                             "None with no sliding_attention in layer_types)")
+        if self.layer_types and len(set(self.layer_types)) == 1:  # canonical: () = every layer alike
+            if self.layer_types[0] == "full_attention":
+                object.__setattr__(self, "sliding_window", None)
+            object.__setattr__(self, "layer_types", ())
+        if self.hidden_act not in HIDDEN_ACTS:
+            raise ValueError(f"DecoderConfig.hidden_act={self.hidden_act!r}; supported: {HIDDEN_ACTS}")
         for name in ("dtype", "param_dtype"):
             if getattr(self, name) not in SUPPORTED_DTYPES:
                 raise ValueError(f"DecoderConfig.{name}={getattr(self, name)!r}; valid: {SUPPORTED_DTYPES}")
@@ -85,6 +124,24 @@ class DecoderConfig:
     @property
     def rope_type(self) -> str:
         return str(dict(self.rope_scaling).get("rope_type", "default"))
+
+    @property
+    def is_gemma2(self) -> bool:
+        return self.model_type == "gemma2"
+
+    @property
+    def layer_windows(self) -> tuple[int, ...] | None:
+        """Per layer, its sliding window (``0``: full attention); ``None`` when no layer slides. Empty
+        ``layer_types`` with a ``sliding_window`` slides every layer (Mistral's convention)."""
+        types = self.layer_types or ("sliding_attention",) * self.num_hidden_layers
+        if self.sliding_window is None or "sliding_attention" not in types:
+            return None
+        return tuple(self.sliding_window if t == "sliding_attention" else 0 for t in types)
+
+    @property
+    def attention_scale(self) -> float:
+        """The factor on ``q . k``: ``query_pre_attn_scalar ** -0.5`` (Gemma 2), else ``head_dim ** -0.5``."""
+        return float(self.query_pre_attn_scalar or self.head_dim) ** -0.5
 
     @property
     def num_query_groups(self) -> int:
@@ -107,7 +164,9 @@ class DecoderConfig:
             attn += (h + 2 * k) * d
         if self.o_bias:
             attn += e
-        layer = attn + 3 * e * m + 2 * e
+        if self.qk_norm:
+            attn += 2 * d
+        layer = attn + 3 * e * m + (4 if self.is_gemma2 else 2) * e
         total = self.num_hidden_layers * layer + self.vocab_size * e + e
         if not self.tie_word_embeddings:
             total += self.vocab_size * e
@@ -118,6 +177,9 @@ class DecoderConfig:
     def from_hf_dict(cls, hf: Mapping[str, Any], **runtime: Any) -> "DecoderConfig":
         """Build from a parsed HF ``config.json``; ``runtime`` sets dtype/param_dtype/remat/attn_implementation."""
         model_type = hf.get("model_type", "llama")
+        if model_type in UNSUPPORTED_MODEL_TYPES:
+            raise ValueError(f"config.json model_type={model_type!r} is not supported: "
+                             f"{UNSUPPORTED_MODEL_TYPES[model_type]}; supported: {SUPPORTED_MODEL_TYPES}")
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise ValueError(f"config.json model_type={model_type!r} is not supported; "
                              f"supported: {SUPPORTED_MODEL_TYPES}")
@@ -127,10 +189,13 @@ class DecoderConfig:
             raise ValueError(f"config.json is missing required key(s) {missing}")
         if hf.get("mlp_bias"):
             raise ValueError("config.json mlp_bias=true is not supported by this decoder")
-        if hf.get("hidden_act", "silu") != "silu":
-            raise ValueError(f"config.json hidden_act={hf['hidden_act']!r}; only 'silu' (SwiGLU) is supported")
-        if model_type == "qwen2" and hf.get("use_sliding_window"):
-            raise ValueError("config.json use_sliding_window=true is not supported by this decoder")
+        act_key = "hidden_activation" if model_type == "gemma2" else "hidden_act"
+        hidden_act = hf.get(act_key) or ("gelu_pytorch_tanh" if model_type == "gemma2" else "silu")
+        if hidden_act not in HIDDEN_ACTS or (hidden_act == "silu") == (model_type == "gemma2"):
+            raise ValueError(f"config.json {act_key}={hidden_act!r} is not supported for model_type "
+                             f"{model_type!r} (SwiGLU 'silu' for Llama-style models, GeGLU 'gelu_pytorch_tanh' "
+                             "for gemma2)")
+        sliding_window, layer_types = _hf_sliding_layers(hf, model_type)
         rope = dict(hf.get("rope_parameters") or {})
         legacy = hf.get("rope_scaling") or {}
         for key, value in legacy.items():
@@ -145,6 +210,8 @@ class DecoderConfig:
         eos = hf.get("eos_token_id")
         eos_ids = tuple(int(x) for x in (eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else []))
         qkv_bias = bool(hf.get("attention_bias", False)) or model_type == "qwen2"
+        gemma2 = model_type == "gemma2"
+        optional_float = lambda key: None if hf.get(key) is None else float(hf[key])  # noqa: E731
         return cls(
             vocab_size=int(hf["vocab_size"]),
             hidden_size=int(hf["hidden_size"]),
@@ -157,13 +224,20 @@ class DecoderConfig:
             rope_theta=rope_theta,
             rope_scaling=tuple(sorted(rope.items())),
             max_position_embeddings=int(hf.get("max_position_embeddings", 2048)),
-            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            tie_word_embeddings=bool(hf.get("tie_word_embeddings", gemma2)),
             qkv_bias=qkv_bias,
             o_bias=bool(hf.get("attention_bias", False)) and model_type != "qwen2",
             model_type=model_type,
             bos_token_id=hf.get("bos_token_id"),
             eos_token_ids=eos_ids,
             pad_token_id=hf.get("pad_token_id"),
+            qk_norm=model_type == "qwen3",
+            sliding_window=sliding_window,
+            layer_types=layer_types,
+            hidden_act=hidden_act,
+            query_pre_attn_scalar=optional_float("query_pre_attn_scalar") if gemma2 else None,
+            attn_logit_softcapping=optional_float("attn_logit_softcapping") if gemma2 else None,
+            final_logit_softcapping=optional_float("final_logit_softcapping") if gemma2 else None,
             **runtime,
         )
 
@@ -178,10 +252,9 @@ class DecoderConfig:
 
     def to_hf_dict(self) -> dict[str, Any]:
         """The HF ``config.json`` content for this architecture (loadable by transformers and vLLM)."""
-        arch = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}
         rope_parameters = {"rope_theta": self.rope_theta, "rope_type": "default", **dict(self.rope_scaling)}
         out: dict[str, Any] = {
-            "architectures": [arch[self.model_type]],
+            "architectures": [HF_ARCHITECTURES[self.model_type]],
             "model_type": self.model_type,
             "vocab_size": self.vocab_size,
             "hidden_size": self.hidden_size,
@@ -190,7 +263,7 @@ class DecoderConfig:
             "num_attention_heads": self.num_attention_heads,
             "num_key_value_heads": self.num_key_value_heads,
             "head_dim": self.head_dim,
-            "hidden_act": "silu",
+            "hidden_act": self.hidden_act,
             "rms_norm_eps": self.rms_norm_eps,
             "rope_theta": self.rope_theta,
             "rope_scaling": None if not self.rope_scaling else dict(self.rope_scaling),
@@ -203,9 +276,52 @@ class DecoderConfig:
             "pad_token_id": self.pad_token_id,
             "torch_dtype": "float32",
         }
-        if self.model_type == "llama":
+        if self.model_type in ("llama", "qwen3", "gemma2"):
             out["attention_bias"] = self.qkv_bias
+        if self.model_type == "llama":
             out["mlp_bias"] = False
-        if self.model_type == "qwen2":
-            out["use_sliding_window"] = False
+        windows = self.layer_windows
+        out["sliding_window"] = self.sliding_window if windows else None
+        if self.model_type in ("qwen2", "qwen3"):
+            out["use_sliding_window"] = windows is not None
+            out["max_window_layers"] = self.num_hidden_layers
+        if self.model_type != "mistral":  # Mistral slides every layer when sliding_window is set
+            out["layer_types"] = ["sliding_attention" if w else "full_attention"
+                                  for w in windows or (0,) * self.num_hidden_layers]
+        if self.is_gemma2:
+            out["hidden_activation"] = self.hidden_act
+            scalar = self.query_pre_attn_scalar  # transformers types it int
+            out.update(query_pre_attn_scalar=int(scalar) if scalar is not None and scalar.is_integer() else scalar,
+                       attn_logit_softcapping=self.attn_logit_softcapping,
+                       final_logit_softcapping=self.final_logit_softcapping)
         return out
+
+
+def _hf_sliding_layers(hf: Mapping[str, Any], model_type: str) -> tuple[int | None, tuple[str, ...]]:
+    """``(sliding_window, layer_types)`` as transformers reads them: Mistral slides every layer when
+    ``sliding_window`` is set; Qwen2/Qwen3 only with ``use_sliding_window``, the layers from ``max_window_layers``
+    on (or as ``layer_types`` says); Gemma 2 alternates sliding/full from layer 0 unless ``layer_types`` says.
+    A window at least ``max_position_embeddings`` long never hides a key and is dropped: ``(None, ())``."""
+    layers = int(hf["num_hidden_layers"])
+    window = hf.get("sliding_window", 4096 if model_type == "gemma2" else None)
+    if model_type in ("qwen2", "qwen3") and not hf.get("use_sliding_window"):
+        window = None
+    if model_type == "llama" or window is None:
+        return None, ()
+    if not isinstance(window, int) or isinstance(window, bool) or window <= 0:
+        raise ValueError(f"config.json sliding_window={window!r} must be a positive int or null")
+    types = hf.get("layer_types") if model_type != "mistral" else None
+    if types is None:
+        if model_type == "mistral":
+            types = ["sliding_attention"] * layers
+        elif model_type == "gemma2":
+            types = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
+        else:
+            first = int(hf.get("max_window_layers", 28))
+            types = ["sliding_attention" if i >= first else "full_attention" for i in range(layers)]
+    types = tuple(types)
+    if len(types) != layers or any(t not in LAYER_TYPES for t in types):
+        raise ValueError(f"config.json layer_types={list(types)!r}: one of {LAYER_TYPES} per layer ({layers} layers)")
+    if "sliding_attention" not in types or window >= int(hf.get("max_position_embeddings", 2048)):
+        return None, ()
+    return window, types
