@@ -211,7 +211,12 @@ class DecoderConfig:
         eos_ids = tuple(int(x) for x in (eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else []))
         qkv_bias = bool(hf.get("attention_bias", False)) or model_type == "qwen2"
         gemma2 = model_type == "gemma2"
-        optional_float = lambda key: None if hf.get(key) is None else float(hf[key])  # noqa: E731
+        gemma2_defaults = {"query_pre_attn_scalar": 256, "attn_logit_softcapping": 50.0,  # Gemma2Config's
+                           "final_logit_softcapping": 30.0}
+
+        def optional_float(key: str) -> float | None:
+            value = hf.get(key, gemma2_defaults[key])
+            return None if value is None else float(value)
         return cls(
             vocab_size=int(hf["vocab_size"]),
             hidden_size=int(hf["hidden_size"]),
@@ -281,7 +286,9 @@ class DecoderConfig:
         if self.model_type == "llama":
             out["mlp_bias"] = False
         windows = self.layer_windows
-        out["sliding_window"] = self.sliding_window if windows else None
+        # transformers' Gemma 2 wants a window even when no layer slides: one that hides nothing
+        out["sliding_window"] = self.sliding_window if windows else (
+            self.max_position_embeddings if self.is_gemma2 else None)
         if self.model_type in ("qwen2", "qwen3"):
             out["use_sliding_window"] = windows is not None
             out["max_window_layers"] = self.num_hidden_layers
@@ -290,7 +297,7 @@ class DecoderConfig:
                                   for w in windows or (0,) * self.num_hidden_layers]
         if self.is_gemma2:
             out["hidden_activation"] = self.hidden_act
-            scalar = self.query_pre_attn_scalar  # transformers types it int
+            scalar = self.query_pre_attn_scalar or float(self.head_dim)  # transformers types it int
             out.update(query_pre_attn_scalar=int(scalar) if scalar is not None and scalar.is_integer() else scalar,
                        attn_logit_softcapping=self.attn_logit_softcapping,
                        final_logit_softcapping=self.final_logit_softcapping)
