@@ -284,12 +284,20 @@ def check_trainer(config: RunConfig) -> None:
     for name in t.logger:
         if name not in KNOWN_LOGGERS:
             _fail("trainer.logger", name, f"valid loggers: {list(KNOWN_LOGGERS)}")
+    from jaxrl_hf.models.hub_cache import ModelNotCachedError, is_hub_id, resolve_hub_id
+
     for key, model_cfg in (("model", config.model), ("critic.model", config.critic.model)):
         if model_cfg is None:
             continue
         model = model_cfg.path
-        if model != "tiny-random" and model.lower() != "smollm2-135m-instruct" and not os.path.exists(model):
-            _fail(f"{key}.path", model, "not 'smollm2-135m-instruct', 'tiny-random', an HF directory or a .gguf file")
+        if is_hub_id(model):
+            try:
+                resolve_hub_id(model)
+            except ModelNotCachedError as err:
+                _fail(f"{key}.path", model, str(err))
+        elif model != "tiny-random" and model.lower() != "smollm2-135m-instruct" and not os.path.exists(model):
+            _fail(f"{key}.path", model, "not 'smollm2-135m-instruct', 'tiny-random', an HF directory, a .gguf file "
+                  "or a hub id org/name cached locally")
 
 
 def check_async_rollout(config: RunConfig) -> None:
