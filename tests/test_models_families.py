@@ -5,6 +5,8 @@ a window, and the ``config.json`` readers' choices and refusals."""
 
 from __future__ import annotations
 
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -144,6 +146,26 @@ def test_gemma2_log_probs_apply_the_final_soft_cap():
     z = logits / 0.7
     expected = np.take_along_axis(z, targets[..., None], -1)[..., 0] - np.log(np.exp(z).sum(-1))
     np.testing.assert_allclose(np.asarray(logp)[mask > 0], expected[mask > 0], atol=1e-5)
+
+
+def test_gemma2_value_head_matches_transformers_sequence_classification(tmp_path):
+    from safetensors.numpy import save_file
+
+    from jaxrl_hf.models.value_head import value_forward, value_params_from_lm, value_params_to_hf_state_dict
+    from jaxrl_hf.rewards.rm_io import reward_model_hf_config
+
+    config = tiny_config(**GEMMA2)
+    critic = value_params_from_lm(random_params(config, seed=3), config, rng=1, head_std=0.5)
+    save_file(value_params_to_hf_state_dict(critic, config), str(tmp_path / "model.safetensors"),
+              metadata={"format": "pt"})
+    (tmp_path / "config.json").write_text(json.dumps(reward_model_hf_config(config)))
+    hf = transformers.AutoModelForSequenceClassification.from_pretrained(
+        str(tmp_path), dtype=torch.float32, attn_implementation="eager").eval()
+    assert type(hf).__name__ == "Gemma2ForSequenceClassification"
+    ids = np.random.default_rng(0).integers(3, config.vocab_size, (2, 9)).astype(np.int32)
+    with torch.no_grad():
+        ref = hf(input_ids=torch.tensor(ids, dtype=torch.long)).logits.numpy()[:, 0]
+    np.testing.assert_allclose(np.asarray(value_forward(critic, config, jnp.asarray(ids)))[:, -1], ref, atol=1e-5)
 
 
 def _hf(model_type: str, **extra) -> dict:
