@@ -1,5 +1,6 @@
 """Model families beyond Llama/Qwen2 against transformers on tiny random weights: Qwen3 (q/k head norms), sliding
-windows (Mistral, Qwen2 ``use_sliding_window``), Gemma 2 (sandwich norms, GeGLU, soft-caps, alternating windows);
+windows (Mistral, Qwen2 ``use_sliding_window``), Gemma 2 (sandwich norms, GeGLU, soft-caps, alternating windows),
+Gemma 3 text (q/k norms, a RoPE base per layer type);
 the windowed / soft-capped attention math against a float64 loop (outputs and gradients), KV-cache decoding with
 a window, and the ``config.json`` readers' choices and refusals."""
 
@@ -24,6 +25,10 @@ transformers = pytest.importorskip("transformers")
 GEMMA2 = dict(model_type="gemma2", hidden_act="gelu_pytorch_tanh", tie_word_embeddings=True, sliding_window=4,
               layer_types=("sliding_attention", "full_attention"), query_pre_attn_scalar=16.0,
               attn_logit_softcapping=5.0, final_logit_softcapping=3.0)
+GEMMA3 = dict(model_type="gemma3_text", hidden_act="gelu_pytorch_tanh", tie_word_embeddings=True, qk_norm=True,
+              sliding_window=4, layer_types=("sliding_attention", "full_attention"), query_pre_attn_scalar=16.0,
+              final_logit_softcapping=3.0, rope_theta=1e6, rope_scaling=(("factor", 8.0), ("rope_type", "linear")),
+              rope_local_theta=10000.0)
 FAMILIES = {  # name -> (DecoderConfig overrides, transformers class)
     "qwen3": (dict(model_type="qwen3", qk_norm=True), "Qwen3ForCausalLM"),
     "qwen3_tied": (dict(model_type="qwen3", qk_norm=True, tie_word_embeddings=True), "Qwen3ForCausalLM"),
@@ -31,6 +36,7 @@ FAMILIES = {  # name -> (DecoderConfig overrides, transformers class)
     "qwen2_window4_layer1": (dict(model_type="qwen2", qkv_bias=True, sliding_window=4,
                                   layer_types=("full_attention", "sliding_attention")), "Qwen2ForCausalLM"),
     "gemma2": (GEMMA2, "Gemma2ForCausalLM"),
+    "gemma3_text": (GEMMA3, "Gemma3ForCausalLM"),
 }
 
 
@@ -58,13 +64,13 @@ def test_logits_match_transformers(tmp_path, family):
         ref = hf(input_ids=torch.tensor(ids, dtype=torch.long), attention_mask=torch.tensor(mask),
                  position_ids=torch.tensor(np.maximum(np.cumsum(mask, 1) - 1, 0))).logits.numpy()
     valid = mask.astype(bool)
-    changes_attention = config.layer_windows is not None or config.attn_logit_softcapping
+    changes_attention = config.layer_windows is not None
     for impl in ("eager", "blockwise") if changes_attention else ("eager",):
         ours = np.asarray(jit_forward(params, config.replace(attn_implementation=impl), jnp.asarray(ids),
                                       jnp.asarray(mask)))
         assert np.abs(ours[valid] - ref[valid]).max() < 1e-4, impl
     if config.layer_windows is not None:  # the window changes the answer at T=16 > 4
-        unwindowed = config.replace(sliding_window=None, layer_types=())
+        unwindowed = config.replace(sliding_window=None, layer_types=(), rope_local_theta=None)
         far = np.asarray(jit_forward(params, unwindowed, jnp.asarray(ids), jnp.asarray(mask)))
         assert np.abs(far[valid] - ref[valid]).max() > 1e-2
 
@@ -118,7 +124,7 @@ def test_auto_avoids_cudnn_and_explicit_cudnn_refuses_windows():
         attn.resolve_implementation("cudnn", 16, jnp.bfloat16, 64, softcapped=True)
 
 
-@pytest.mark.parametrize("family", ["mistral_window4", "gemma2"])
+@pytest.mark.parametrize("family", ["mistral_window4", "gemma2", "gemma3_text"])
 def test_kv_cache_decode_with_window_equals_full_forward(family):
     config = tiny_config(**FAMILIES[family][0])
     params = random_params(config, seed=1)
@@ -189,14 +195,26 @@ def test_config_json_sliding_window_rules():
         256.0, 50.0, 30.0)
     with pytest.raises(ValueError, match="layer_types"):
         DecoderConfig.from_hf_dict(_hf("gemma2", layer_types=["sliding_attention"], sliding_window=8))
+    # Gemma 3, a hub config.json of the transformers 4 era: one full layer in sliding_window_pattern, the sliding
+    # layers' RoPE base from rope_local_base_freq, the linear scaling for the full layers only
+    legacy = _hf("gemma3_text", sliding_window=8, sliding_window_pattern=2, rope_theta=1e6, rope_local_base_freq=1e4,
+                 rope_scaling={"rope_type": "linear", "factor": 8.0}, attn_logit_softcapping=None)
+    gemma3 = DecoderConfig.from_hf_dict(legacy)
+    assert gemma3.layer_windows == (8, 0, 8, 0) and gemma3.qk_norm and gemma3.rope_local_theta == 1e4
+    assert gemma3.rope_type == "linear" and gemma3.attn_logit_softcapping is None
+    assert DecoderConfig.from_hf_dict(gemma3.to_hf_dict()) == gemma3
     with pytest.raises(ValueError, match="sliding_window=-1"):
         DecoderConfig.from_hf_dict(_hf("mistral", sliding_window=-1))
 
 
 def test_config_json_refusals_name_model_type_and_missing_features():
-    with pytest.raises(ValueError, match="model_type='gemma3_text'.*q/k RMSNorm.*rope_local_base_freq"):
-        DecoderConfig.from_hf_dict(_hf("gemma3_text"))
-    with pytest.raises(ValueError, match="model_type='phi3'.*supported: .*qwen3.*gemma2"):
+    with pytest.raises(ValueError, match="model_type='gemma3'.*vision tower.*gemma3_text"):
+        DecoderConfig.from_hf_dict(_hf("gemma3"))
+    with pytest.raises(ValueError, match="model_type='gemma'.*not implemented"):
+        DecoderConfig.from_hf_dict(_hf("gemma"))
+    with pytest.raises(ValueError, match="attn_logit_softcapping=5.0 for gemma3_text"):
+        DecoderConfig.from_hf_dict(_hf("gemma3_text", attn_logit_softcapping=5.0))
+    with pytest.raises(ValueError, match="model_type='phi3'.*supported: .*qwen3.*gemma2.*gemma3_text"):
         DecoderConfig.from_hf_dict(_hf("phi3"))
     with pytest.raises(ValueError, match="hidden_act='gelu'.*llama"):
         DecoderConfig.from_hf_dict(_hf("llama", hidden_act="gelu"))

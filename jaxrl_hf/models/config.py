@@ -13,15 +13,16 @@ import json
 import os
 from typing import Any, Mapping
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral", "gemma2")
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3_text")
+GEMMA_MODEL_TYPES = ("gemma2", "gemma3_text")
 HF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-                    "mistral": "MistralForCausalLM", "gemma2": "Gemma2ForCausalLM"}
+                    "mistral": "MistralForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM"}
 UNSUPPORTED_MODEL_TYPES = {
-    "gemma": "Gemma 1 (RMSNorm with (1+w), scaled embedding, GeGLU without Gemma 2's extra norms) is not implemented",
-    "gemma3_text": "Gemma 3 needs q/k RMSNorm, separate local/global RoPE bases (rope_local_base_freq) and its "
-                   "sliding-window pattern on top of Gemma 2; those are not implemented (gemma2 is)",
-    "gemma3": "Gemma 3 needs q/k RMSNorm, separate local/global RoPE bases (rope_local_base_freq), its "
-              "sliding-window pattern and a vision tower; those are not implemented (gemma2 is)",
+    "gemma": "Gemma 1 (GeGLU and (1+w) norms but without Gemma 2's post-attention/post-MLP norms) is not "
+             "implemented",
+    "gemma3": "this is Gemma 3's image-text model (Gemma3ForConditionalGeneration): the vision tower and its "
+              "multimodal projector are not implemented; the text-only Gemma 3 (model_type gemma3_text, "
+              "Gemma3ForCausalLM, e.g. gemma-3-1b) is",
 }
 """model_types met in the wild that this decoder refuses, with what exactly is missing."""
 LAYER_TYPES = ("full_attention", "sliding_attention")
@@ -42,9 +43,10 @@ class DecoderConfig:
     ``rope_parameters`` minus ``rope_theta``), e.g. ``(("factor", 8.0), ("rope_type", "llama3"), ...)``.
     ``qk_norm``: Qwen3's per-head RMSNorm of queries and keys before RoPE. ``layer_types``: HF's per-layer
     ``"full_attention"`` / ``"sliding_attention"`` (``()`` = all full); a sliding layer's query ``i`` sees keys
-    ``j`` with ``i - sliding_window < j <= i``. ``model_type="gemma2"`` adds Gemma 2's structure (scaled
-    embedding, ``(1 + w)`` norms, norms after attention and MLP); its ``query_pre_attn_scalar`` and soft-caps
-    are fields here.
+    ``j`` with ``i - sliding_window < j <= i``. ``model_type`` ``gemma2`` / ``gemma3_text`` add the Gemma
+    structure (scaled embedding, ``(1 + w)`` norms, norms after attention and MLP); ``query_pre_attn_scalar`` and
+    the soft-caps are fields here, and ``rope_local_theta`` is Gemma 3's RoPE base of its sliding layers (the
+    full layers use ``rope_theta`` and ``rope_scaling``).
     """
 
     vocab_size: int
@@ -72,6 +74,7 @@ class DecoderConfig:
     query_pre_attn_scalar: float | None = None
     attn_logit_softcapping: float | None = None
     final_logit_softcapping: float | None = None
+    rope_local_theta: float | None = None
     # Runtime options (not part of config.json).
     dtype: str = "float32"
     param_dtype: str = "float32"
@@ -126,8 +129,9 @@ class DecoderConfig:
         return str(dict(self.rope_scaling).get("rope_type", "default"))
 
     @property
-    def is_gemma2(self) -> bool:
-        return self.model_type == "gemma2"
+    def is_gemma(self) -> bool:
+        """Gemma 2 / Gemma 3 structure: scaled embedding, ``(1 + w)`` norms, post-attention/MLP norms."""
+        return self.model_type in GEMMA_MODEL_TYPES
 
     @property
     def layer_windows(self) -> tuple[int, ...] | None:
@@ -166,7 +170,7 @@ class DecoderConfig:
             attn += e
         if self.qk_norm:
             attn += 2 * d
-        layer = attn + 3 * e * m + (4 if self.is_gemma2 else 2) * e
+        layer = attn + 3 * e * m + (4 if self.is_gemma else 2) * e
         total = self.num_hidden_layers * layer + self.vocab_size * e + e
         if not self.tie_word_embeddings:
             total += self.vocab_size * e
@@ -175,76 +179,11 @@ class DecoderConfig:
     # ----------------------------------------------------------------------------------------
     @classmethod
     def from_hf_dict(cls, hf: Mapping[str, Any], **runtime: Any) -> "DecoderConfig":
-        """Build from a parsed HF ``config.json``; ``runtime`` sets dtype/param_dtype/remat/attn_implementation."""
-        model_type = hf.get("model_type", "llama")
-        if model_type in UNSUPPORTED_MODEL_TYPES:
-            raise ValueError(f"config.json model_type={model_type!r} is not supported: "
-                             f"{UNSUPPORTED_MODEL_TYPES[model_type]}; supported: {SUPPORTED_MODEL_TYPES}")
-        if model_type not in SUPPORTED_MODEL_TYPES:
-            raise ValueError(f"config.json model_type={model_type!r} is not supported; "
-                             f"supported: {SUPPORTED_MODEL_TYPES}")
-        required = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
-        missing = [k for k in required if k not in hf]
-        if missing:
-            raise ValueError(f"config.json is missing required key(s) {missing}")
-        if hf.get("mlp_bias"):
-            raise ValueError("config.json mlp_bias=true is not supported by this decoder")
-        act_key = "hidden_activation" if model_type == "gemma2" else "hidden_act"
-        hidden_act = hf.get(act_key) or ("gelu_pytorch_tanh" if model_type == "gemma2" else "silu")
-        if hidden_act not in HIDDEN_ACTS or (hidden_act == "silu") == (model_type == "gemma2"):
-            raise ValueError(f"config.json {act_key}={hidden_act!r} is not supported for model_type "
-                             f"{model_type!r} (SwiGLU 'silu' for Llama-style models, GeGLU 'gelu_pytorch_tanh' "
-                             "for gemma2)")
-        sliding_window, layer_types = _hf_sliding_layers(hf, model_type)
-        rope = dict(hf.get("rope_parameters") or {})
-        legacy = hf.get("rope_scaling") or {}
-        for key, value in legacy.items():
-            rope.setdefault(key, value)
-        if "type" in rope and "rope_type" not in rope:
-            rope["rope_type"] = rope.pop("type")
-        rope.pop("type", None)
-        rope_theta = float(rope.pop("rope_theta", hf.get("rope_theta", 10000.0)))
-        if rope.get("rope_type", "default") == "default":
-            rope = {}
-        heads = int(hf["num_attention_heads"])
-        eos = hf.get("eos_token_id")
-        eos_ids = tuple(int(x) for x in (eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else []))
-        qkv_bias = bool(hf.get("attention_bias", False)) or model_type == "qwen2"
-        gemma2 = model_type == "gemma2"
-        gemma2_defaults = {"query_pre_attn_scalar": 256, "attn_logit_softcapping": 50.0,  # Gemma2Config's
-                           "final_logit_softcapping": 30.0}
+        """Build from a parsed HF ``config.json`` (`jaxrl_hf.models.hf_config.decoder_config_from_hf`);
+        ``runtime`` sets dtype/param_dtype/remat/attn_implementation."""
+        from jaxrl_hf.models.hf_config import decoder_config_from_hf
 
-        def optional_float(key: str) -> float | None:
-            value = hf.get(key, gemma2_defaults[key])
-            return None if value is None else float(value)
-        return cls(
-            vocab_size=int(hf["vocab_size"]),
-            hidden_size=int(hf["hidden_size"]),
-            intermediate_size=int(hf["intermediate_size"]),
-            num_hidden_layers=int(hf["num_hidden_layers"]),
-            num_attention_heads=heads,
-            num_key_value_heads=int(hf.get("num_key_value_heads") or heads),
-            head_dim=int(hf.get("head_dim") or int(hf["hidden_size"]) // heads),
-            rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-            rope_theta=rope_theta,
-            rope_scaling=tuple(sorted(rope.items())),
-            max_position_embeddings=int(hf.get("max_position_embeddings", 2048)),
-            tie_word_embeddings=bool(hf.get("tie_word_embeddings", gemma2)),
-            qkv_bias=qkv_bias,
-            o_bias=bool(hf.get("attention_bias", False)) and model_type != "qwen2",
-            model_type=model_type,
-            bos_token_id=hf.get("bos_token_id"),
-            eos_token_ids=eos_ids,
-            pad_token_id=hf.get("pad_token_id"),
-            qk_norm=model_type == "qwen3",
-            sliding_window=sliding_window,
-            layer_types=layer_types,
-            hidden_act=hidden_act,
-            query_pre_attn_scalar=optional_float("query_pre_attn_scalar") if gemma2 else None,
-            attn_logit_softcapping=optional_float("attn_logit_softcapping") if gemma2 else None,
-            final_logit_softcapping=optional_float("final_logit_softcapping") if gemma2 else None,
-            **runtime,
-        )
+        return decoder_config_from_hf(hf, **runtime)
 
     @classmethod
     def from_pretrained_dir(cls, path: str | os.PathLike, **runtime: Any) -> "DecoderConfig":
@@ -256,79 +195,8 @@ class DecoderConfig:
             return cls.from_hf_dict(json.load(f), **runtime)
 
     def to_hf_dict(self) -> dict[str, Any]:
-        """The HF ``config.json`` content for this architecture (loadable by transformers and vLLM)."""
-        rope_parameters = {"rope_theta": self.rope_theta, "rope_type": "default", **dict(self.rope_scaling)}
-        out: dict[str, Any] = {
-            "architectures": [HF_ARCHITECTURES[self.model_type]],
-            "model_type": self.model_type,
-            "vocab_size": self.vocab_size,
-            "hidden_size": self.hidden_size,
-            "intermediate_size": self.intermediate_size,
-            "num_hidden_layers": self.num_hidden_layers,
-            "num_attention_heads": self.num_attention_heads,
-            "num_key_value_heads": self.num_key_value_heads,
-            "head_dim": self.head_dim,
-            "hidden_act": self.hidden_act,
-            "rms_norm_eps": self.rms_norm_eps,
-            "rope_theta": self.rope_theta,
-            "rope_scaling": None if not self.rope_scaling else dict(self.rope_scaling),
-            "rope_parameters": rope_parameters,
-            "max_position_embeddings": self.max_position_embeddings,
-            "tie_word_embeddings": self.tie_word_embeddings,
-            "bos_token_id": self.bos_token_id,
-            "eos_token_id": (self.eos_token_ids[0] if len(self.eos_token_ids) == 1
-                             else list(self.eos_token_ids) or None),
-            "pad_token_id": self.pad_token_id,
-            "torch_dtype": "float32",
-        }
-        if self.model_type in ("llama", "qwen3", "gemma2"):
-            out["attention_bias"] = self.qkv_bias
-        if self.model_type == "llama":
-            out["mlp_bias"] = False
-        windows = self.layer_windows
-        # transformers' Gemma 2 wants a window even when no layer slides: one that hides nothing
-        out["sliding_window"] = self.sliding_window if windows else (
-            self.max_position_embeddings if self.is_gemma2 else None)
-        if self.model_type in ("qwen2", "qwen3"):
-            out["use_sliding_window"] = windows is not None
-            out["max_window_layers"] = self.num_hidden_layers
-        if self.model_type != "mistral":  # Mistral slides every layer when sliding_window is set
-            out["layer_types"] = ["sliding_attention" if w else "full_attention"
-                                  for w in windows or (0,) * self.num_hidden_layers]
-        if self.is_gemma2:
-            out["hidden_activation"] = self.hidden_act
-            scalar = self.query_pre_attn_scalar or float(self.head_dim)  # transformers types it int
-            out.update(query_pre_attn_scalar=int(scalar) if scalar is not None and scalar.is_integer() else scalar,
-                       attn_logit_softcapping=self.attn_logit_softcapping,
-                       final_logit_softcapping=self.final_logit_softcapping)
-        return out
+        """The HF ``config.json`` content for this architecture (loadable by transformers and vLLM;
+        `jaxrl_hf.models.hf_config.decoder_config_to_hf`)."""
+        from jaxrl_hf.models.hf_config import decoder_config_to_hf
 
-
-def _hf_sliding_layers(hf: Mapping[str, Any], model_type: str) -> tuple[int | None, tuple[str, ...]]:
-    """``(sliding_window, layer_types)`` as transformers reads them: Mistral slides every layer when
-    ``sliding_window`` is set; Qwen2/Qwen3 only with ``use_sliding_window``, the layers from ``max_window_layers``
-    on (or as ``layer_types`` says); Gemma 2 alternates sliding/full from layer 0 unless ``layer_types`` says.
-    A window at least ``max_position_embeddings`` long never hides a key and is dropped: ``(None, ())``."""
-    layers = int(hf["num_hidden_layers"])
-    window = hf.get("sliding_window", 4096 if model_type == "gemma2" else None)
-    if model_type in ("qwen2", "qwen3") and not hf.get("use_sliding_window"):
-        window = None
-    if model_type == "llama" or window is None:
-        return None, ()
-    if not isinstance(window, int) or isinstance(window, bool) or window <= 0:
-        raise ValueError(f"config.json sliding_window={window!r} must be a positive int or null")
-    types = hf.get("layer_types") if model_type != "mistral" else None
-    if types is None:
-        if model_type == "mistral":
-            types = ["sliding_attention"] * layers
-        elif model_type == "gemma2":
-            types = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
-        else:
-            first = int(hf.get("max_window_layers", 28))
-            types = ["sliding_attention" if i >= first else "full_attention" for i in range(layers)]
-    types = tuple(types)
-    if len(types) != layers or any(t not in LAYER_TYPES for t in types):
-        raise ValueError(f"config.json layer_types={list(types)!r}: one of {LAYER_TYPES} per layer ({layers} layers)")
-    if "sliding_attention" not in types or window >= int(hf.get("max_position_embeddings", 2048)):
-        return None, ()
-    return window, types
+        return decoder_config_to_hf(self)

@@ -4,10 +4,11 @@ Architecture (Touvron et al. 2023; Qwen2 adds a QKV bias): token embedding -> N 
 grouped-query attention with RoPE -> residual -> RMSNorm -> SwiGLU MLP -> residual] -> RMSNorm ->
 LM head (tied to the embedding or separate). Variants, all from ``DecoderConfig``: Qwen3 normalises each query
 and key head (RMSNorm over ``head_dim``) before RoPE; sliding-window layers (Mistral, Qwen2/3 with
-``use_sliding_window``, Gemma 2's even layers) see only the last ``sliding_window`` keys; Gemma 2 (Gemma Team
+``use_sliding_window``, Gemma's local layers) see only the last ``sliding_window`` keys; Gemma 2 (Gemma Team
 2024) scales the embedding by ``sqrt(hidden)``, uses ``x_hat * (1 + w)`` norms, GeGLU (tanh-gelu), also
 normalises the attention and MLP outputs before each residual add, scales scores by ``query_pre_attn_scalar^-1/2``
-and soft-caps attention and final logits (``c * tanh(z / c)``).
+and soft-caps attention and final logits (``c * tanh(z / c)``); Gemma 3 (text) adds q/k head norms and a RoPE
+base of its own (``rope_local_theta``) for the sliding layers.
 
 Parameters carry logical axes (``vocab``, ``embed``, ``mlp``, ``heads``, ``kv_heads``, ``head_dim``;
 the layers are stacked by ``nn.scan`` on a leading ``layers`` axis) and activations are constrained
@@ -115,7 +116,7 @@ class RMSNorm(nn.Module):
 
 def make_norm(config: DecoderConfig, name: str | None = None, axis_name: str = "embed") -> RMSNorm:
     """The family's RMSNorm (``1 + w`` for Gemma 2)."""
-    return RMSNorm(config.rms_norm_eps, _dtype(config.param_dtype), axis_name, config.is_gemma2, name=name)
+    return RMSNorm(config.rms_norm_eps, _dtype(config.param_dtype), axis_name, config.is_gemma, name=name)
 
 
 class _Proj(nn.Module):
@@ -184,6 +185,11 @@ class Attention(nn.Module):
             q = make_norm(c, "q_norm", "head_dim")(q)
             kk = make_norm(c, "k_norm", "head_dim")(kk)
         inv_freq, rope_scale = rope_frequencies(c)
+        if c.rope_local_theta is not None and window is not None:  # Gemma 3: sliding layers' own RoPE base
+            local_freq = rope_frequencies(c.replace(rope_theta=c.rope_local_theta, rope_scaling=()))[0]
+            sliding = window > 0
+            inv_freq = jnp.where(sliding, jnp.asarray(local_freq, jnp.float32), jnp.asarray(inv_freq, jnp.float32))
+            rope_scale = jnp.where(sliding, 1.0, rope_scale)
         q = apply_rope(q, positions, inv_freq, rope_scale)
         kk = apply_rope(kk, positions, inv_freq, rope_scale)
 
@@ -259,7 +265,7 @@ class DecoderLayer(nn.Module):
         h = make_norm(c, "input_layernorm")(x)
         attn, new_kv = Attention(c, self.mesh, self.rules, name="self_attn")(
             h, positions, attention_mask, cache_index, layer_cache, window)
-        if c.is_gemma2:
+        if c.is_gemma:
             x = x + make_norm(c, "post_attention_layernorm")(attn)
             h = checkpoint_name(make_norm(c, "pre_feedforward_layernorm")(x), "mlp_in")
             x = x + make_norm(c, "post_feedforward_layernorm")(MLP(c, self.mesh, self.rules, name="mlp")(h))
@@ -333,7 +339,7 @@ class Decoder(nn.Module):
             if isinstance(cache_index, int) and cache_index == 0:
                 cache = jax.tree.map(lambda a: a[:, :, :0], cache)
         x = self.embed_tokens(input_ids)
-        if self.config.is_gemma2:  # Gemma: embedding * sqrt(hidden), the factor rounded to the compute dtype
+        if self.config.is_gemma:  # Gemma: embedding * sqrt(hidden), the factor rounded to the compute dtype
             x = x * jnp.asarray(self.config.hidden_size ** 0.5, x.dtype)
         x = constrain(x, ("batch", "length", "embed"), self.mesh, self.rules)
         windows = self.config.layer_windows

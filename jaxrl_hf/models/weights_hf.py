@@ -40,7 +40,7 @@ def _layer_entries(config: DecoderConfig) -> list[tuple[str, tuple[str, ...], st
         entries.append(("self_attn.o_proj.bias", ("self_attn", "o_proj", "bias"), "vec"))
     if config.qk_norm:  # Qwen3
         entries += [(f"self_attn.{n}_norm.weight", ("self_attn", f"{n}_norm", "scale"), "vec") for n in "qk"]
-    if config.is_gemma2:
+    if config.is_gemma:
         entries += [(f"{n}.weight", (n, "scale"), "vec")
                     for n in ("pre_feedforward_layernorm", "post_feedforward_layernorm")]
     return entries
