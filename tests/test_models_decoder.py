@@ -197,7 +197,8 @@ def test_kv_cache_decode_equals_full_forward():
 
 
 @pytest.mark.parametrize("overrides", [dict(qkv_bias=True), dict(model_type="qwen3", qk_norm=True),
-                                       dict(model_type="gemma2", hidden_act="gelu_pytorch_tanh")])
+                                       dict(model_type="gemma2", hidden_act="gelu_pytorch_tanh"),
+                                       dict(model_type="gemma3_text", hidden_act="gelu_pytorch_tanh", qk_norm=True)])
 def test_logical_axes_cover_every_param(overrides):
     config = tiny_config(**overrides)
     axes = param_logical_axes(config)

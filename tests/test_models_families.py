@@ -154,20 +154,22 @@ def test_gemma2_log_probs_apply_the_final_soft_cap():
     np.testing.assert_allclose(np.asarray(logp)[mask > 0], expected[mask > 0], atol=1e-5)
 
 
-def test_gemma2_value_head_matches_transformers_sequence_classification(tmp_path):
+@pytest.mark.parametrize("family,hf_class", [("gemma2", "Gemma2ForSequenceClassification"),
+                                             ("gemma3_text", "Gemma3TextForSequenceClassification")])
+def test_gemma_value_head_matches_transformers_sequence_classification(tmp_path, family, hf_class):
     from safetensors.numpy import save_file
 
     from jaxrl_hf.models.value_head import value_forward, value_params_from_lm, value_params_to_hf_state_dict
     from jaxrl_hf.rewards.rm_io import reward_model_hf_config
 
-    config = tiny_config(**GEMMA2)
+    config = tiny_config(**FAMILIES[family][0])
     critic = value_params_from_lm(random_params(config, seed=3), config, rng=1, head_std=0.5)
     save_file(value_params_to_hf_state_dict(critic, config), str(tmp_path / "model.safetensors"),
               metadata={"format": "pt"})
     (tmp_path / "config.json").write_text(json.dumps(reward_model_hf_config(config)))
     hf = transformers.AutoModelForSequenceClassification.from_pretrained(
         str(tmp_path), dtype=torch.float32, attn_implementation="eager").eval()
-    assert type(hf).__name__ == "Gemma2ForSequenceClassification"
+    assert type(hf).__name__ == hf_class and hf.config.architectures == [hf_class]
     ids = np.random.default_rng(0).integers(3, config.vocab_size, (2, 9)).astype(np.int32)
     with torch.no_grad():
         ref = hf(input_ids=torch.tensor(ids, dtype=torch.long)).logits.numpy()[:, 0]

@@ -42,7 +42,9 @@ SEQUENCE_LAYOUT = "chat_template(prompt, add_generation_prompt=True) + response 
 def reward_model_hf_config(config: DecoderConfig) -> dict[str, Any]:
     """``config.json`` for the value model: the decoder's HF config as a 1-label sequence classifier."""
     hf = config.to_hf_dict()
-    hf["architectures"] = [HF_ARCHITECTURES[config.model_type].replace("ForCausalLM", "ForSequenceClassification")]
+    lm_class = HF_ARCHITECTURES[config.model_type]  # Gemma 3's text-only classifier has "Text" in its name
+    lm_class = "Gemma3TextForCausalLM" if config.model_type == "gemma3_text" else lm_class
+    hf["architectures"] = [lm_class.replace("ForCausalLM", "ForSequenceClassification")]
     hf["num_labels"] = 1
     hf["id2label"] = {"0": "LABEL_0"}
     hf["label2id"] = {"LABEL_0": 0}
