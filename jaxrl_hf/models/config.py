@@ -1,5 +1,5 @@
-"""Decoder configuration for the Llama / Qwen2 / Qwen3 / Mistral / Gemma 2 families, read from and written to HF
-``config.json``.
+"""Decoder configuration for the Llama / Qwen2 / Qwen3 / Mistral / Gemma 2 / Gemma 3 (text) families, read from
+and written to HF ``config.json`` by `jaxrl_hf.models.hf_config`.
 
 ``DecoderConfig`` is frozen and hashable so it can be a static argument of ``jax.jit`` and an
 attribute of a flax module. Architecture fields mirror the HF names; ``dtype`` / ``param_dtype`` /

@@ -1,4 +1,4 @@
-"""Flax (linen) decoder for the Llama / Qwen2 / Qwen3 / Mistral / Gemma 2 families with logical axis names.
+"""Flax (linen) decoder for the Llama / Qwen2 / Qwen3 / Mistral / Gemma 2 / Gemma 3 families, logical axis names.
 
 Architecture (Touvron et al. 2023; Qwen2 adds a QKV bias): token embedding -> N x [RMSNorm ->
 grouped-query attention with RoPE -> residual -> RMSNorm -> SwiGLU MLP -> residual] -> RMSNorm ->
