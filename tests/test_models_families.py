@@ -222,3 +222,11 @@ def test_config_json_refusals_name_model_type_and_missing_features():
         DecoderConfig.from_hf_dict(_hf("llama", hidden_act="gelu"))
     with pytest.raises(ValueError, match="sliding_window"):
         tiny_config(layer_types=("sliding_attention", "full_attention"))
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_num_params_counts_every_tensor(family):
+    from jaxrl_hf.models.forward import param_shapes
+
+    config = tiny_config(**FAMILIES[family][0])
+    assert sum(int(np.prod(x.shape)) for x in jax.tree.leaves(param_shapes(config))) == config.num_params()
