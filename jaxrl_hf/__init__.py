@@ -2,7 +2,7 @@
 
 Sub-packages, one concern each:
   algos/       pure-function advantage estimators, policy/value losses, KL estimators, DAPO pieces
-  models/      flax Llama/Qwen2 decoder, weight import/export, tokenizer
+  models/      flax Llama/Qwen2/Qwen3/Mistral/Gemma 2/Gemma 3 decoder, weight import/export, hub-cache ids, tokenizer
   rollout/     generation engines (native JAX, vLLM)
   controller/  single controller: resource pools, worker groups, transfer protocols, Batch
   workers/     actor/critic/reference/reward workers

@@ -83,8 +83,8 @@ def force_host_devices(devices: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", required=True, help="qwen2.5-7b, qwen2.5-32b, llama3.1-8b, llama3.1-70b, or a "
-                                                       "config.json (or a directory holding one)")
+    parser.add_argument("--model", required=True, help="qwen2.5-7b, qwen2.5-32b, llama3.1-8b, llama3.1-70b, qwen3-8b, "
+                                                       "gemma2-9b, or a config.json (or a directory holding one)")
     parser.add_argument("--devices", type=int, help="devices of the run (default: trainer.nnodes × n_gpus_per_node)")
     parser.add_argument("--device-memory", default="80GiB", help="memory of one device (default 80GiB)")
     parser.add_argument("--json", help="write the report here")

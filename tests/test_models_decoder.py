@@ -196,8 +196,11 @@ def test_kv_cache_decode_equals_full_forward():
         np.testing.assert_allclose(np.asarray(step_logits)[:, 0], ref[:, 6 + t], atol=1e-5)
 
 
-def test_logical_axes_cover_every_param():
-    config = tiny_config(qkv_bias=True)
+@pytest.mark.parametrize("overrides", [dict(qkv_bias=True), dict(model_type="qwen3", qk_norm=True),
+                                       dict(model_type="gemma2", hidden_act="gelu_pytorch_tanh"),
+                                       dict(model_type="gemma3_text", hidden_act="gelu_pytorch_tanh", qk_norm=True)])
+def test_logical_axes_cover_every_param(overrides):
+    config = tiny_config(**overrides)
     axes = param_logical_axes(config)
     params = random_params(config)
     allowed = {"vocab", "embed", "mlp", "heads", "kv_heads", "head_dim", "layers"}

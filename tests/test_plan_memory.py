@@ -79,7 +79,8 @@ def megatron_plan(megatron_cli):
 
 
 def test_known_configs_match_the_published_parameter_counts(small_model):
-    assert set(KNOWN_HF_CONFIGS) == {"qwen2.5-7b", "qwen2.5-32b", "llama3.1-8b", "llama3.1-70b"}
+    assert set(KNOWN_HF_CONFIGS) == {"qwen2.5-7b", "qwen2.5-32b", "llama3.1-8b", "llama3.1-70b", "qwen3-8b",
+                                     "gemma2-9b"}
     for name, count in PUBLISHED_PARAM_COUNTS.items():
         assert known_decoder_config(name).num_params() == count, name
     assert known_decoder_config("Qwen2.5-7B", dtype="bfloat16").dtype == "bfloat16"

@@ -35,7 +35,9 @@ class ModelConfig:
     """The policy (and, by default, reference/critic backbone) model."""
 
     path: str = "smollm2-135m-instruct"
-    """``smollm2-135m-instruct``, an HF directory, a ``.gguf`` file, or ``tiny-random``."""
+    """``smollm2-135m-instruct``, an HF directory, a ``.gguf`` file, ``tiny-random``, or a hub id ``org/name``
+    read offline from the local Hugging Face cache (``HF_HUB_CACHE`` / ``HF_HOME``; fetch it first with
+    ``huggingface-cli download org/name``). ``config.json`` model types: llama, qwen2, qwen3, mistral, gemma2, gemma3_text."""
     dtype: Literal["float32", "bfloat16"] = "float32"
     remat: Literal["none", "full", "dots", "dots_no_batch", "save_attn_out", "save_attn_out_mlp_in",
                    "dots_no_batch_attn_out"] = "none"

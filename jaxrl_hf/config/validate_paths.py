@@ -33,14 +33,23 @@ def path_problems(config: RunConfig) -> list[tuple[str, object, str]]:
     tools = config.rollout.multi_turn.tool_config_path
     if tools is not None and not os.path.isfile(tools):
         out.append(("rollout.multi_turn.tool_config_path", tools, "no such file"))
+    from jaxrl_hf.models.hub_cache import ModelNotCachedError, is_hub_id, resolve_hub_id
+
     for key, model_cfg in (("model", config.model), ("critic.model", config.critic.model)):
         if model_cfg is None or model_cfg.path == "tiny-random" or model_cfg.path.lower() == "smollm2-135m-instruct":
             continue
-        if not os.path.exists(model_cfg.path):
-            out.append((f"{key}.path", model_cfg.path,
-                        "not 'smollm2-135m-instruct', 'tiny-random', an HF directory or a .gguf file"))
-        elif os.path.isdir(model_cfg.path):
-            problem = model_dir_problem(model_cfg.path, needs_tokenizer=key == "model")
+        path = model_cfg.path
+        if is_hub_id(path):
+            try:
+                path = resolve_hub_id(path)
+            except ModelNotCachedError as err:
+                out.append((f"{key}.path", model_cfg.path, str(err)))
+                continue
+        if not os.path.exists(path):
+            out.append((f"{key}.path", path, "not 'smollm2-135m-instruct', 'tiny-random', an HF directory, a .gguf "
+                                             "file or a hub id org/name cached locally"))
+        elif os.path.isdir(path):
+            problem = model_dir_problem(path, needs_tokenizer=key == "model")
             if problem:
                 out.append((f"{key}.path", model_cfg.path, problem))
     return out
@@ -51,7 +60,7 @@ def model_dir_problem(path: str, *, needs_tokenizer: bool) -> str | None:
     for the policy, whose tokenizer the run uses); None when it has them."""
     import json
 
-    from jaxrl_hf.models.config import SUPPORTED_MODEL_TYPES
+    from jaxrl_hf.models.config import SUPPORTED_MODEL_TYPES, UNSUPPORTED_MODEL_TYPES
 
     config_file = os.path.join(path, "config.json")
     if not os.path.isfile(config_file):
@@ -61,6 +70,8 @@ def model_dir_problem(path: str, *, needs_tokenizer: bool) -> str | None:
             model_type = json.load(fh).get("model_type")
     except (OSError, ValueError, AttributeError) as err:
         return f"{config_file} is not a JSON object ({err})"
+    if model_type in UNSUPPORTED_MODEL_TYPES:
+        return f"{config_file}: model_type {model_type!r} is not supported: {UNSUPPORTED_MODEL_TYPES[model_type]}"
     if model_type not in SUPPORTED_MODEL_TYPES:
         return (f"{config_file}: model_type {model_type!r} is not a supported architecture; supported: "
                 f"{list(SUPPORTED_MODEL_TYPES)}")

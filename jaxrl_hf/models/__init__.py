@@ -1,4 +1,4 @@
-"""Flax Llama/Qwen2 decoder, value head, HF/GGUF weight import-export, tokenizer, ``load_pretrained``."""
+"""Flax Llama/Qwen2/Qwen3/Mistral/Gemma 2/Gemma 3 (text) decoder, value head, HF/GGUF weight import-export, tokenizer, ``load_pretrained``."""
 
 from jaxrl_hf.models.config import DecoderConfig
 from jaxrl_hf.models.forward import (forward, hidden_states, init_params, lm_head_kernel, make_module,

@@ -6,7 +6,9 @@ Layout everywhere: queries ``q [B, T, kv_heads, groups, head_dim]`` (grouped-que
 Masking contract: ``segments [B, T]`` (the model's ``attention_mask``) are *segment ids*: ``0`` is padding,
 rows packed into one sequence carry ``1, 2, 3, ...``. Query ``i`` attends to key ``j`` iff ``j <= i``
 (causal, by index), ``segments[j] == segments[i]`` and ``segments[j] != 0``; a 0/1 mask is the one-segment
-case, and a padded query sees no key (a *fully-masked row*).
+case, and a padded query sees no key (a *fully-masked row*). A sliding ``window`` ``w > 0`` (a traced int, one
+per layer; ``0`` = no window) also hides keys with ``j <= i - w`` (HF's ``sliding_window``). A ``softcap`` ``c``
+(Gemma 2's ``attn_logit_softcapping``) replaces the scaled scores ``s`` by ``c * tanh(s / c)`` before masking.
 
 Implementations of self-attention without a KV cache (``DecoderConfig.attn_implementation``, config key
 ``model.attn_implementation``):
@@ -19,8 +21,8 @@ Implementations of self-attention without a KV cache (``DecoderConfig.attn_imple
   gets zeros.
 * ``cudnn`` — `cudnn_attention`: cuDNN's fused flash attention through ``jax.nn.dot_product_attention``
   (GPU, float16/bfloat16 only).
-* ``auto`` — `resolve_implementation`: cudnn where usable, else blockwise above `AUTO_BLOCKWISE_MIN_KEYS`
-  keys, else eager.
+* ``auto`` — `resolve_implementation`: cudnn where usable (no window, no softcap), else blockwise above
+  `AUTO_BLOCKWISE_MIN_KEYS` keys, else eager.
 
 Decoding over a KV cache (`cached_attention`) is always eager: its scores are ``[T_new, cache_len]``.
 """
@@ -48,37 +50,56 @@ CONFIG_KEY = "model.attn_implementation"
 
 
 # ------------------------------------------------------------------------------------------ masks
+def window_mask(q_idx: Array, kv_idx: Array, window: Array | int | None) -> Array | bool:
+    """``[Tq, Tk]`` bool ``kv_idx[j] > q_idx[i] - window`` (HF's sliding-window overlay); all true for
+    ``window`` ``None`` or ``0``."""
+    if window is None:
+        return True
+    return (window <= 0) | (kv_idx[None, :] > q_idx[:, None] - window)
+
+
+def soft_cap(scores: Array, cap: float | None) -> Array:
+    """Logit soft-capping (Gemma 2): ``cap * tanh(scores / cap)``; identity for ``cap`` ``None``."""
+    return scores if not cap else cap * jnp.tanh(scores / cap)
+
+
 def segment_mask(q_segments: Array, kv_segments: Array, q_start: Array | int = 0,
-                 kv_start: Array | int = 0) -> Array:
-    """``[B, Tq, Tk]`` bool: causal (``kv_start + j <= q_start + i``) and ``kv_seg[j] == q_seg[i] != 0``."""
+                 kv_start: Array | int = 0, window: Array | int | None = None) -> Array:
+    """``[B, Tq, Tk]`` bool: causal (``kv_start + j <= q_start + i``), inside the sliding ``window``
+    (`window_mask`) and ``kv_seg[j] == q_seg[i] != 0``."""
     q_idx = q_start + jnp.arange(q_segments.shape[1])
     kv_idx = kv_start + jnp.arange(kv_segments.shape[1])
-    causal = kv_idx[None, :] <= q_idx[:, None]
+    causal = (kv_idx[None, :] <= q_idx[:, None]) & window_mask(q_idx, kv_idx, window)
     same = (q_segments[:, :, None] == kv_segments[:, None, :]) & (kv_segments[:, None, :] != 0)
     return causal[None] & same
 
 
 def split_attention_masks(attention_mask: Array, cache_index: Array, cached_len: int,
-                          q_len: int) -> tuple[Array, Array]:
-    """Which keys each query sees over a KV cache: cached slot ``s`` iff ``s < cache_index`` and
-    ``attention_mask[b, s]``; new key ``u`` (slot ``cache_index + u``) by the segment rule of the module
-    docstring applied to ``attention_mask[:, cache_index:cache_index + T]``.
+                          q_len: int, window: Array | int | None = None) -> tuple[Array, Array]:
+    """Which keys each query sees over a KV cache: cached slot ``s`` iff ``s < cache_index``,
+    ``attention_mask[b, s]`` and ``s`` inside query ``t``'s sliding window (slot ``cache_index + t``); new key
+    ``u`` (slot ``cache_index + u``) by the segment rule of the module docstring applied to
+    ``attention_mask[:, cache_index:cache_index + T]``.
 
-    Returns boolean masks ``[B, 1, 1, 1, cached_len]`` (the same for every query) and ``[B, 1, 1, T, T]``,
-    broadcastable against scores ``[B, kv_heads, groups, T, keys]``.
+    Returns boolean masks ``[B, 1, 1, 1 or T, cached_len]`` and ``[B, 1, 1, T, T]``, broadcastable against
+    scores ``[B, kv_heads, groups, T, keys]``.
     """
     segments = attention_mask.astype(jnp.int32)
-    cached = (jnp.arange(cached_len) < cache_index)[None, :] & (segments[:, :cached_len] != 0)  # [B, S_c]
+    slots = jnp.arange(cached_len)
+    cached = (slots < cache_index)[None, None, :] & (segments[:, None, :cached_len] != 0)  # [B, 1, S_c]
+    if window is not None:
+        cached = cached & window_mask(cache_index + jnp.arange(q_len), slots, window)[None]  # [B, T, S_c]
     new_seg = jax.lax.dynamic_slice_in_dim(segments, cache_index, q_len, axis=1)  # [B, T]
-    return cached[:, None, None, None, :], segment_mask(new_seg, new_seg)[:, None, None]
+    return cached[:, None, None], segment_mask(new_seg, new_seg, window=window)[:, None, None]
 
 
 # ------------------------------------------------------------------------------------------ eager
-def eager_attention(q: Array, k: Array, v: Array, segments: Array, scale: float) -> Array:
-    """Reference self-attention: ``softmax(where(mask, q k^T * scale, -inf)) v`` with the full
+def eager_attention(q: Array, k: Array, v: Array, segments: Array, scale: float,
+                    window: Array | int | None = None, softcap: float | None = None) -> Array:
+    """Reference self-attention: ``softmax(where(mask, soft_cap(q k^T * scale), -inf)) v`` with the full
     ``[B, kv_heads, groups, T, T]`` float32 scores (Vaswani et al. 2017, eq. 1)."""
-    mask = segment_mask(segments, segments)[:, None, None]
-    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) * scale
+    mask = segment_mask(segments, segments, window=window)[:, None, None]
+    scores = soft_cap(jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) * scale, softcap)
     probs = jax.nn.softmax(jnp.where(mask, scores, NEG_INF), axis=-1).astype(q.dtype)
     return jnp.einsum("bkgts,bskd->btkgd", probs, v)
 
@@ -106,14 +127,15 @@ def _cached_values(probs: Array, cached_v: Array, dt: Any) -> Array:
 
 
 def cached_attention(q: Array, k: Array, v: Array, cache: dict[str, Array], attention_mask: Array,
-                     cache_index: Array, scale: float) -> Array:
+                     cache_index: Array, scale: float, window: Array | int | None = None,
+                     softcap: float | None = None) -> Array:
     """Eager attention of ``T`` new queries over ``[cached slots] ++ [their own keys]``: one softmax over
     both, the cache (``{"k", "v"}: [B, S, kv_heads, D]``) only read. Masks: `split_attention_masks`."""
     dt, t, cached_len = q.dtype, q.shape[1], cache["k"].shape[1]
-    cached_mask, new_mask = split_attention_masks(attention_mask, cache_index, cached_len, t)
-    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) * scale
+    cached_mask, new_mask = split_attention_masks(attention_mask, cache_index, cached_len, t, window)
+    scores = soft_cap(jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) * scale, softcap)
     scores = jnp.where(new_mask, scores, NEG_INF)
-    cached_scores = jnp.where(cached_mask, _cached_scores(q, cache["k"], dt) * scale, NEG_INF)
+    cached_scores = jnp.where(cached_mask, soft_cap(_cached_scores(q, cache["k"], dt) * scale, softcap), NEG_INF)
     probs = jax.nn.softmax(jnp.concatenate([cached_scores, scores], axis=-1), axis=-1).astype(dt)
     return (_cached_values(probs[..., :cached_len], cache["v"], dt)
             + jnp.einsum("bkgts,bskd->btkgd", probs[..., cached_len:], v))
@@ -125,10 +147,10 @@ def _block(x: Array, index: Array, size: int) -> Array:
 
 
 def _block_scores(qb: Array, kb: Array, q_seg: Array, kv_seg: Array, q_start: Array, kv_start: Array,
-                 scale: float) -> tuple[Array, Array]:
-    """Scaled scores ``[B, K, G, bq, bk]`` (f32, masked entries ``NEG_INF``) and their mask."""
-    mask = segment_mask(q_seg, kv_seg, q_start, kv_start)[:, None, None]
-    scores = jnp.einsum("bqkgd,bskd->bkgqs", qb, kb, preferred_element_type=jnp.float32) * scale
+                  scale: float, window: Array, softcap: float | None) -> tuple[Array, Array]:
+    """Scaled, soft-capped scores ``[B, K, G, bq, bk]`` (f32, masked entries ``NEG_INF``) and their mask."""
+    mask = segment_mask(q_seg, kv_seg, q_start, kv_start, window)[:, None, None]
+    scores = soft_cap(jnp.einsum("bqkgd,bskd->bkgqs", qb, kb, preferred_element_type=jnp.float32) * scale, softcap)
     return jnp.where(mask, scores, NEG_INF), mask
 
 
@@ -137,8 +159,8 @@ def _last_key_block(q_block: Array, block_q: int, block_k: int, num_k_blocks: in
     return jnp.minimum(num_k_blocks, ((q_block + 1) * block_q - 1) // block_k + 1)
 
 
-def _flash_forward(q: Array, k: Array, v: Array, segments: Array, scale: float, block_q: int,
-                   block_k: int) -> tuple[Array, Array]:
+def _flash_forward(q: Array, k: Array, v: Array, segments: Array, window: Array, scale: float, block_q: int,
+                   block_k: int, softcap: float | None) -> tuple[Array, Array]:
     """Online softmax (Rabe & Staats 2021, eq. 2–3; FlashAttention Alg. 1): per query block, a running row
     max ``m``, normaliser ``l`` and unnormalised output over the visible key blocks. Returns the output
     ``[B, T, K, G, D]`` and the log-sum-exp ``m + log l`` per row ``[B, T, K, G]`` (0 on fully-masked rows,
@@ -152,7 +174,7 @@ def _flash_forward(q: Array, k: Array, v: Array, segments: Array, scale: float, 
         def key_block(j: Array, carry: tuple[Array, Array, Array]) -> tuple[Array, Array, Array]:
             m, l, acc = carry
             scores, mask = _block_scores(qb, _block(k, j, block_k), q_seg, _block(segments, j, block_k),
-                                        i * block_q, j * block_k, scale)
+                                         i * block_q, j * block_k, scale, window, softcap)
             m_new = jnp.maximum(m, scores.max(-1))
             p = jnp.where(mask, jnp.exp(scores - m_new[..., None]), 0.0)
             correction = jnp.exp(m - m_new)
@@ -174,11 +196,13 @@ def _flash_forward(q: Array, k: Array, v: Array, segments: Array, scale: float, 
     return out, jnp.moveaxis(lses, 0, 1).reshape(b, t, kh, g)
 
 
-def _flash_backward(q: Array, k: Array, v: Array, segments: Array, out: Array, lse: Array, d_out: Array,
-                    scale: float, block_q: int, block_k: int) -> tuple[Array, Array, Array]:
+def _flash_backward(q: Array, k: Array, v: Array, segments: Array, window: Array, out: Array, lse: Array,
+                    d_out: Array, scale: float, block_q: int, block_k: int,
+                    softcap: float | None) -> tuple[Array, Array, Array]:
     """FlashAttention-2's backward (Dao 2023, Alg. 2): per key block, recompute ``P = exp(S - lse)`` over the
     query blocks that see it and accumulate ``dV += P^T dO``, ``dS = P * (dO V^T - rowsum(dO * O))``,
-    ``dK += dS^T Q * scale``, ``dQ += dS K * scale``."""
+    ``dK += dS^T Q * scale``, ``dQ += dS K * scale``; with a soft-cap ``c``, ``dS`` is first multiplied by
+    ``d(c tanh(s/c))/ds = 1 - (S/c)^2``."""
     t = q.shape[1]
     num_q, num_k = t // block_q, t // block_k
     delta = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)  # [B, T, K, G]
@@ -190,12 +214,15 @@ def _flash_backward(q: Array, k: Array, v: Array, segments: Array, out: Array, l
             dk, dv, dq = carry
             qb, dob = _block(q, i, block_q), _block(d_out, i, block_q)
             scores, mask = _block_scores(qb, kb, _block(segments, i, block_q), kv_seg, i * block_q, j * block_k,
-                                        scale)
+                                         scale, window, softcap)
             row = lambda x: _block(x, i, block_q).transpose(0, 2, 3, 1)[..., None]  # noqa: E731  [B,K,G,bq,1]
             p = jnp.where(mask, jnp.exp(scores - row(lse)), 0.0)
             dv = dv + jnp.einsum("bkgqs,bqkgd->bskd", p.astype(dob.dtype), dob, preferred_element_type=jnp.float32)
             dp = jnp.einsum("bqkgd,bskd->bkgqs", dob, vb, preferred_element_type=jnp.float32)
-            ds = (p * (dp - row(delta))).astype(q.dtype)
+            ds = p * (dp - row(delta))
+            if softcap:
+                ds = ds * jnp.where(mask, 1.0 - jnp.square(scores / softcap), 0.0)
+            ds = ds.astype(q.dtype)
             dk = dk + jnp.einsum("bkgqs,bqkgd->bskd", ds, qb, preferred_element_type=jnp.float32) * scale
             dq_block = jnp.einsum("bkgqs,bskd->bqkgd", ds, kb, preferred_element_type=jnp.float32) * scale
             dq = jax.lax.dynamic_update_slice_in_dim(dq, _block(dq, i, block_q) + dq_block, i * block_q, axis=1)
@@ -211,28 +238,30 @@ def _flash_backward(q: Array, k: Array, v: Array, segments: Array, out: Array, l
     return dq.astype(q.dtype), merge(dks).astype(k.dtype), merge(dvs).astype(v.dtype)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
-def _flash(q: Array, k: Array, v: Array, segments: Array, scale: float, block_q: int, block_k: int) -> Array:
-    return _flash_forward(q, k, v, segments, scale, block_q, block_k)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8))
+def _flash(q: Array, k: Array, v: Array, segments: Array, window: Array, scale: float, block_q: int, block_k: int,
+           softcap: float | None) -> Array:
+    return _flash_forward(q, k, v, segments, window, scale, block_q, block_k, softcap)[0]
 
 
-def _flash_fwd(q, k, v, segments, scale, block_q, block_k):  # noqa: ANN001, ANN202
-    out, lse = _flash_forward(q, k, v, segments, scale, block_q, block_k)
+def _flash_fwd(q, k, v, segments, window, scale, block_q, block_k, softcap):  # noqa: ANN001, ANN202
+    out, lse = _flash_forward(q, k, v, segments, window, scale, block_q, block_k, softcap)
     out, lse = checkpoint_name(out, "attn_out"), checkpoint_name(lse, "attn_lse")  # rematerialisation policies
-    return out, (q, k, v, segments, out, lse)  # no [T, T] residual: the backward recomputes the scores
+    return out, (q, k, v, segments, window, out, lse)  # no [T, T] residual: the backward recomputes the scores
 
 
-def _flash_bwd(scale, block_q, block_k, residuals, d_out):  # noqa: ANN001, ANN202
-    q, k, v, segments, out, lse = residuals
-    dq, dk, dv = _flash_backward(q, k, v, segments, out, lse, d_out, scale, block_q, block_k)
-    return dq, dk, dv, None
+def _flash_bwd(scale, block_q, block_k, softcap, residuals, d_out):  # noqa: ANN001, ANN202
+    q, k, v, segments, window, out, lse = residuals
+    dq, dk, dv = _flash_backward(q, k, v, segments, window, out, lse, d_out, scale, block_q, block_k, softcap)
+    return dq, dk, dv, None, None
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
 
 
 def blockwise_attention(q: Array, k: Array, v: Array, segments: Array, scale: float,
-                        block_q: int = DEFAULT_BLOCK_SIZE, block_k: int = DEFAULT_BLOCK_SIZE) -> Array:
+                        block_q: int = DEFAULT_BLOCK_SIZE, block_k: int = DEFAULT_BLOCK_SIZE,
+                        window: Array | int | None = None, softcap: float | None = None) -> Array:
     """Self-attention in ``block_q x block_k`` tiles with an online softmax and a recomputing backward
     (`_flash_forward`, `_flash_backward`): memory O(T) — the forward keeps the output and one log-sum-exp per
     row, never a ``[T, T]`` array. Key blocks entirely above the diagonal are skipped.
@@ -253,7 +282,8 @@ def blockwise_attention(q: Array, k: Array, v: Array, segments: Array, scale: fl
     if padded != t:
         pad = lambda x: jnp.pad(x, [(0, 0), (0, padded - t)] + [(0, 0)] * (x.ndim - 2))  # noqa: E731
         q, k, v, segments = pad(q), pad(k), pad(v), pad(segments)
-    return _flash(q, k, v, segments, float(scale), block_q, block_k)[:, :t]
+    window = jnp.asarray(0 if window is None else window, jnp.int32)
+    return _flash(q, k, v, segments, window, float(scale), block_q, block_k, softcap)[:, :t]
 
 
 # ------------------------------------------------------------------------------------------ cudnn
@@ -319,16 +349,21 @@ def cudnn_attention(q: Array, k: Array, v: Array, segments: Array, scale: float)
 
 
 # ------------------------------------------------------------------------------------------ dispatch
-def resolve_implementation(name: str, num_keys: int, dtype: Any, head_dim: int) -> str:
+def resolve_implementation(name: str, num_keys: int, dtype: Any, head_dim: int, windowed: bool = False,
+                           softcapped: bool = False) -> str:
     """The implementation ``name`` (`DecoderConfig.attn_implementation`) runs as for ``num_keys`` keys:
-    ``auto`` -> ``cudnn`` when `cudnn_usable`, else ``blockwise`` above `AUTO_BLOCKWISE_MIN_KEYS` keys,
-    else ``eager``. An explicit ``cudnn`` that cannot run raises naming ``model.attn_implementation``."""
+    ``auto`` -> ``cudnn`` when `cudnn_usable` (and no sliding window or soft-cap, which the cuDNN path here
+    cannot express), else ``blockwise`` above `AUTO_BLOCKWISE_MIN_KEYS` keys, else ``eager``. An explicit
+    ``cudnn`` that cannot run raises naming ``model.attn_implementation``."""
+    unexpressible = ("the model has sliding-window layers (config.json sliding_window)" if windowed else
+                     "the model soft-caps attention logits (config.json attn_logit_softcapping)" if softcapped
+                     else None)
     if name == "auto":
-        if cudnn_usable(dtype, head_dim) is None:
+        if unexpressible is None and cudnn_usable(dtype, head_dim) is None:
             return "cudnn"
         return "blockwise" if num_keys > AUTO_BLOCKWISE_MIN_KEYS else "eager"
     if name == "cudnn":
-        reason = cudnn_usable(dtype, head_dim)
+        reason = unexpressible or cudnn_usable(dtype, head_dim)
         if reason is not None:
             raise ValueError(f"{CONFIG_KEY}='cudnn' is not usable: {reason}; use 'auto', 'blockwise' or 'eager'")
     elif name not in ("eager", "blockwise"):
@@ -339,7 +374,14 @@ def resolve_implementation(name: str, num_keys: int, dtype: Any, head_dim: int) 
 IMPLEMENTATIONS = {"eager": eager_attention, "blockwise": blockwise_attention, "cudnn": cudnn_attention}
 
 
-def self_attention(q: Array, k: Array, v: Array, segments: Array, scale: float, implementation: str = "auto") -> Array:
-    """Causal, segment-masked self-attention (no KV cache) by ``implementation`` (see `resolve_implementation`)."""
-    name = resolve_implementation(implementation, k.shape[1], q.dtype, q.shape[-1])
-    return IMPLEMENTATIONS[name](q, k, v, segments, scale)
+def self_attention(q: Array, k: Array, v: Array, segments: Array, scale: float, implementation: str = "auto",
+                   window: Array | int | None = None, softcap: float | None = None) -> Array:
+    """Causal, segment-masked self-attention (no KV cache) by ``implementation`` (see `resolve_implementation`),
+    with an optional sliding ``window`` and logit ``softcap`` (module docstring)."""
+    name = resolve_implementation(implementation, k.shape[1], q.dtype, q.shape[-1], window is not None,
+                                  bool(softcap))
+    if name == "cudnn":
+        return cudnn_attention(q, k, v, segments, scale)
+    if name == "blockwise":
+        return blockwise_attention(q, k, v, segments, scale, window=window, softcap=softcap)
+    return eager_attention(q, k, v, segments, scale, window, softcap)

@@ -1,4 +1,5 @@
-"""Decoder configuration for the Llama / Qwen2 family, read from and written to HF ``config.json``.
+"""Decoder configuration for the Llama / Qwen2 / Qwen3 / Mistral / Gemma 2 / Gemma 3 (text) families, read from
+and written to HF ``config.json`` by `jaxrl_hf.models.hf_config`.
 
 ``DecoderConfig`` is frozen and hashable so it can be a static argument of ``jax.jit`` and an
 attribute of a flax module. Architecture fields mirror the HF names; ``dtype`` / ``param_dtype`` /
@@ -12,7 +13,20 @@ import json
 import os
 from typing import Any, Mapping
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3_text")
+GEMMA_MODEL_TYPES = ("gemma2", "gemma3_text")
+HF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                    "mistral": "MistralForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM"}
+UNSUPPORTED_MODEL_TYPES = {
+    "gemma": "Gemma 1 (GeGLU and (1+w) norms but without Gemma 2's post-attention/post-MLP norms) is not "
+             "implemented",
+    "gemma3": "this is Gemma 3's image-text model (Gemma3ForConditionalGeneration): the vision tower and its "
+              "multimodal projector are not implemented; the text-only Gemma 3 (model_type gemma3_text, "
+              "Gemma3ForCausalLM, e.g. gemma-3-1b) is",
+}
+"""model_types met in the wild that this decoder refuses, with what exactly is missing."""
+LAYER_TYPES = ("full_attention", "sliding_attention")
+HIDDEN_ACTS = ("silu", "gelu_pytorch_tanh")
 SUPPORTED_DTYPES = ("float32", "bfloat16", "float16")
 SUPPORTED_REMAT = ("none", "full", "dots", "dots_no_batch", "save_attn_out", "save_attn_out_mlp_in",
                    "dots_no_batch_attn_out")
@@ -23,10 +37,16 @@ SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 @dataclasses.dataclass(frozen=True)
 class DecoderConfig:
-    """Architecture + runtime options of a Llama/Qwen2-style decoder.
+    """Architecture + runtime options of a Llama-style decoder and its variants.
 
     ``rope_scaling`` is a sorted tuple of ``(key, value)`` pairs (hashable form of HF's
     ``rope_parameters`` minus ``rope_theta``), e.g. ``(("factor", 8.0), ("rope_type", "llama3"), ...)``.
+    ``qk_norm``: Qwen3's per-head RMSNorm of queries and keys before RoPE. ``layer_types``: HF's per-layer
+    ``"full_attention"`` / ``"sliding_attention"`` (``()`` = all full); a sliding layer's query ``i`` sees keys
+    ``j`` with ``i - sliding_window < j <= i``. ``model_type`` ``gemma2`` / ``gemma3_text`` add the Gemma
+    structure (scaled embedding, ``(1 + w)`` norms, norms after attention and MLP); ``query_pre_attn_scalar`` and
+    the soft-caps are fields here, and ``rope_local_theta`` is Gemma 3's RoPE base of its sliding layers (the
+    full layers use ``rope_theta`` and ``rope_scaling``).
     """
 
     vocab_size: int
@@ -47,6 +67,14 @@ class DecoderConfig:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     pad_token_id: int | None = None
+    qk_norm: bool = False
+    sliding_window: int | None = None
+    layer_types: tuple[str, ...] = ()
+    hidden_act: str = "silu"
+    query_pre_attn_scalar: float | None = None
+    attn_logit_softcapping: float | None = None
+    final_logit_softcapping: float | None = None
+    rope_local_theta: float | None = None
     # Runtime options (not part of config.json).
     dtype: str = "float32"
     param_dtype: str = "float32"
@@ -68,6 +96,20 @@ class DecoderConfig:
             raise ValueError(f"DecoderConfig.head_dim={self.head_dim} must be even for RoPE")
         if self.model_type not in SUPPORTED_MODEL_TYPES:
             raise ValueError(f"DecoderConfig.model_type={self.model_type!r}; supported: {SUPPORTED_MODEL_TYPES}")
+        if self.layer_types and (len(self.layer_types) != self.num_hidden_layers
+                                 or any(t not in LAYER_TYPES for t in self.layer_types)):
+            raise ValueError(f"DecoderConfig.layer_types={self.layer_types!r}: one of {LAYER_TYPES} per layer "
+                             f"({self.num_hidden_layers} layers)")
+        if (self.sliding_window is not None or "sliding_attention" in self.layer_types) and (
+                not isinstance(self.sliding_window, int) or self.sliding_window <= 0):
+            raise ValueError(f"DecoderConfig.sliding_window={self.sliding_window!r} must be a positive int (or "
+                             "None with no sliding_attention in layer_types)")
+        if self.layer_types and len(set(self.layer_types)) == 1:  # canonical: () = every layer alike
+            if self.layer_types[0] == "full_attention":
+                object.__setattr__(self, "sliding_window", None)
+            object.__setattr__(self, "layer_types", ())
+        if self.hidden_act not in HIDDEN_ACTS:
+            raise ValueError(f"DecoderConfig.hidden_act={self.hidden_act!r}; supported: {HIDDEN_ACTS}")
         for name in ("dtype", "param_dtype"):
             if getattr(self, name) not in SUPPORTED_DTYPES:
                 raise ValueError(f"DecoderConfig.{name}={getattr(self, name)!r}; valid: {SUPPORTED_DTYPES}")
@@ -85,6 +127,25 @@ class DecoderConfig:
     @property
     def rope_type(self) -> str:
         return str(dict(self.rope_scaling).get("rope_type", "default"))
+
+    @property
+    def is_gemma(self) -> bool:
+        """Gemma 2 / Gemma 3 structure: scaled embedding, ``(1 + w)`` norms, post-attention/MLP norms."""
+        return self.model_type in GEMMA_MODEL_TYPES
+
+    @property
+    def layer_windows(self) -> tuple[int, ...] | None:
+        """Per layer, its sliding window (``0``: full attention); ``None`` when no layer slides. Empty
+        ``layer_types`` with a ``sliding_window`` slides every layer (Mistral's convention)."""
+        types = self.layer_types or ("sliding_attention",) * self.num_hidden_layers
+        if self.sliding_window is None or "sliding_attention" not in types:
+            return None
+        return tuple(self.sliding_window if t == "sliding_attention" else 0 for t in types)
+
+    @property
+    def attention_scale(self) -> float:
+        """The factor on ``q . k``: ``query_pre_attn_scalar ** -0.5`` (Gemma 2), else ``head_dim ** -0.5``."""
+        return float(self.query_pre_attn_scalar or self.head_dim) ** -0.5
 
     @property
     def num_query_groups(self) -> int:
@@ -107,7 +168,9 @@ class DecoderConfig:
             attn += (h + 2 * k) * d
         if self.o_bias:
             attn += e
-        layer = attn + 3 * e * m + 2 * e
+        if self.qk_norm:
+            attn += 2 * d
+        layer = attn + 3 * e * m + (4 if self.is_gemma else 2) * e
         total = self.num_hidden_layers * layer + self.vocab_size * e + e
         if not self.tie_word_embeddings:
             total += self.vocab_size * e
@@ -116,56 +179,11 @@ class DecoderConfig:
     # ----------------------------------------------------------------------------------------
     @classmethod
     def from_hf_dict(cls, hf: Mapping[str, Any], **runtime: Any) -> "DecoderConfig":
-        """Build from a parsed HF ``config.json``; ``runtime`` sets dtype/param_dtype/remat/attn_implementation."""
-        model_type = hf.get("model_type", "llama")
-        if model_type not in SUPPORTED_MODEL_TYPES:
-            raise ValueError(f"config.json model_type={model_type!r} is not supported; "
-                             f"supported: {SUPPORTED_MODEL_TYPES}")
-        required = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
-        missing = [k for k in required if k not in hf]
-        if missing:
-            raise ValueError(f"config.json is missing required key(s) {missing}")
-        if hf.get("mlp_bias"):
-            raise ValueError("config.json mlp_bias=true is not supported by this decoder")
-        if hf.get("hidden_act", "silu") != "silu":
-            raise ValueError(f"config.json hidden_act={hf['hidden_act']!r}; only 'silu' (SwiGLU) is supported")
-        if model_type == "qwen2" and hf.get("use_sliding_window"):
-            raise ValueError("config.json use_sliding_window=true is not supported by this decoder")
-        rope = dict(hf.get("rope_parameters") or {})
-        legacy = hf.get("rope_scaling") or {}
-        for key, value in legacy.items():
-            rope.setdefault(key, value)
-        if "type" in rope and "rope_type" not in rope:
-            rope["rope_type"] = rope.pop("type")
-        rope.pop("type", None)
-        rope_theta = float(rope.pop("rope_theta", hf.get("rope_theta", 10000.0)))
-        if rope.get("rope_type", "default") == "default":
-            rope = {}
-        heads = int(hf["num_attention_heads"])
-        eos = hf.get("eos_token_id")
-        eos_ids = tuple(int(x) for x in (eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else []))
-        qkv_bias = bool(hf.get("attention_bias", False)) or model_type == "qwen2"
-        return cls(
-            vocab_size=int(hf["vocab_size"]),
-            hidden_size=int(hf["hidden_size"]),
-            intermediate_size=int(hf["intermediate_size"]),
-            num_hidden_layers=int(hf["num_hidden_layers"]),
-            num_attention_heads=heads,
-            num_key_value_heads=int(hf.get("num_key_value_heads") or heads),
-            head_dim=int(hf.get("head_dim") or int(hf["hidden_size"]) // heads),
-            rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-            rope_theta=rope_theta,
-            rope_scaling=tuple(sorted(rope.items())),
-            max_position_embeddings=int(hf.get("max_position_embeddings", 2048)),
-            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-            qkv_bias=qkv_bias,
-            o_bias=bool(hf.get("attention_bias", False)) and model_type != "qwen2",
-            model_type=model_type,
-            bos_token_id=hf.get("bos_token_id"),
-            eos_token_ids=eos_ids,
-            pad_token_id=hf.get("pad_token_id"),
-            **runtime,
-        )
+        """Build from a parsed HF ``config.json`` (`jaxrl_hf.models.hf_config.decoder_config_from_hf`);
+        ``runtime`` sets dtype/param_dtype/remat/attn_implementation."""
+        from jaxrl_hf.models.hf_config import decoder_config_from_hf
+
+        return decoder_config_from_hf(hf, **runtime)
 
     @classmethod
     def from_pretrained_dir(cls, path: str | os.PathLike, **runtime: Any) -> "DecoderConfig":
@@ -177,35 +195,8 @@ class DecoderConfig:
             return cls.from_hf_dict(json.load(f), **runtime)
 
     def to_hf_dict(self) -> dict[str, Any]:
-        """The HF ``config.json`` content for this architecture (loadable by transformers and vLLM)."""
-        arch = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}
-        rope_parameters = {"rope_theta": self.rope_theta, "rope_type": "default", **dict(self.rope_scaling)}
-        out: dict[str, Any] = {
-            "architectures": [arch[self.model_type]],
-            "model_type": self.model_type,
-            "vocab_size": self.vocab_size,
-            "hidden_size": self.hidden_size,
-            "intermediate_size": self.intermediate_size,
-            "num_hidden_layers": self.num_hidden_layers,
-            "num_attention_heads": self.num_attention_heads,
-            "num_key_value_heads": self.num_key_value_heads,
-            "head_dim": self.head_dim,
-            "hidden_act": "silu",
-            "rms_norm_eps": self.rms_norm_eps,
-            "rope_theta": self.rope_theta,
-            "rope_scaling": None if not self.rope_scaling else dict(self.rope_scaling),
-            "rope_parameters": rope_parameters,
-            "max_position_embeddings": self.max_position_embeddings,
-            "tie_word_embeddings": self.tie_word_embeddings,
-            "bos_token_id": self.bos_token_id,
-            "eos_token_id": (self.eos_token_ids[0] if len(self.eos_token_ids) == 1
-                             else list(self.eos_token_ids) or None),
-            "pad_token_id": self.pad_token_id,
-            "torch_dtype": "float32",
-        }
-        if self.model_type == "llama":
-            out["attention_bias"] = self.qkv_bias
-            out["mlp_bias"] = False
-        if self.model_type == "qwen2":
-            out["use_sliding_window"] = False
-        return out
+        """The HF ``config.json`` content for this architecture (loadable by transformers and vLLM;
+        `jaxrl_hf.models.hf_config.decoder_config_to_hf`)."""
+        from jaxrl_hf.models.hf_config import decoder_config_to_hf
+
+        return decoder_config_to_hf(self)

@@ -125,7 +125,8 @@ def token_log_probs_and_entropy(params: Params, config: DecoderConfig, input_ids
     """
     hidden = hidden_states(params, config, input_ids, attention_mask, positions, mesh, rules)
     kernel = lm_head_kernel(params, config).astype(jnp.dtype(config.dtype))
-    return log_probs_and_entropy_from_hidden(hidden, kernel, targets, temperature, chunk_size, with_entropy)
+    return log_probs_and_entropy_from_hidden(hidden, kernel, targets, temperature, chunk_size, with_entropy,
+                                             config.final_logit_softcapping)
 
 
 def next_token_targets(input_ids: jnp.ndarray, fill: int = 0) -> jnp.ndarray:

@@ -76,7 +76,8 @@ def read_config(reader: Any, path: str) -> DecoderConfig:
     """``DecoderConfig`` from GGUF ``{arch}.*`` metadata (``llama`` and ``qwen2`` architectures)."""
     arch = _field(reader, "general.architecture")
     if arch not in ("llama", "qwen2"):
-        raise ValueError(f"{path}: GGUF architecture {arch!r} is not supported; supported: ['llama', 'qwen2']")
+        raise ValueError(f"{path}: GGUF architecture {arch!r} is not supported; supported: ['llama', 'qwen2'] "
+                         "(an HF directory or hub id also takes qwen3, mistral, gemma2 and gemma3_text)")
     heads = int(_field(reader, f"{arch}.attention.head_count"))
     hidden = int(_field(reader, f"{arch}.embedding_length"))
     names = {t.name for t in reader.tensors}

@@ -43,6 +43,20 @@ KNOWN_HF_CONFIGS: dict[str, dict[str, Any]] = {
         "num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8,
         "max_position_embeddings": 131072, "rms_norm_eps": 1e-05, "rope_theta": 500000.0,
         "rope_scaling": _LLAMA31_ROPE, "tie_word_embeddings": False, "bos_token_id": 128000, "eos_token_id": 128001},
+    "qwen3-8b": {
+        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_act": "silu", "attention_bias": False,
+        "vocab_size": 151936, "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36,
+        "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "max_position_embeddings": 40960,
+        "max_window_layers": 36, "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 1000000,
+        "sliding_window": None, "use_sliding_window": False, "tie_word_embeddings": False, "bos_token_id": 151643,
+        "eos_token_id": 151645},
+    "gemma2-9b": {
+        "architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", "hidden_act": "gelu_pytorch_tanh",
+        "hidden_activation": "gelu_pytorch_tanh", "vocab_size": 256000, "hidden_size": 3584,
+        "intermediate_size": 14336, "num_hidden_layers": 42, "num_attention_heads": 16, "num_key_value_heads": 8,
+        "head_dim": 256, "max_position_embeddings": 8192, "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06,
+        "rope_theta": 10000.0, "sliding_window": 4096, "attn_logit_softcapping": 50.0,
+        "final_logit_softcapping": 30.0, "bos_token_id": 2, "eos_token_id": 1, "pad_token_id": 0},
 }
 
 # Parameter counts stated by the model cards / safetensors indexes (embedding and LM head counted separately).
@@ -51,6 +65,8 @@ PUBLISHED_PARAM_COUNTS: dict[str, int] = {
     "qwen2.5-32b": 32_763_876_352,
     "llama3.1-8b": 8_030_261_248,
     "llama3.1-70b": 70_553_706_496,
+    "qwen3-8b": 8_190_735_360,
+    "gemma2-9b": 9_241_705_984,
 }
 
 

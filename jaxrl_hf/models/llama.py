@@ -1,8 +1,14 @@
-"""Flax (linen) decoder for the Llama / Qwen2 family with logical axis names.
+"""Flax (linen) decoder for the Llama / Qwen2 / Qwen3 / Mistral / Gemma 2 / Gemma 3 families, logical axis names.
 
 Architecture (Touvron et al. 2023; Qwen2 adds a QKV bias): token embedding -> N x [RMSNorm ->
 grouped-query attention with RoPE -> residual -> RMSNorm -> SwiGLU MLP -> residual] -> RMSNorm ->
-LM head (tied to the embedding or separate).
+LM head (tied to the embedding or separate). Variants, all from ``DecoderConfig``: Qwen3 normalises each query
+and key head (RMSNorm over ``head_dim``) before RoPE; sliding-window layers (Mistral, Qwen2/3 with
+``use_sliding_window``, Gemma's local layers) see only the last ``sliding_window`` keys; Gemma 2 (Gemma Team
+2024) scales the embedding by ``sqrt(hidden)``, uses ``x_hat * (1 + w)`` norms, GeGLU (tanh-gelu), also
+normalises the attention and MLP outputs before each residual add, scales scores by ``query_pre_attn_scalar^-1/2``
+and soft-caps attention and final logits (``c * tanh(z / c)``); Gemma 3 (text) adds q/k head norms and a RoPE
+base of its own (``rope_local_theta``) for the sliding layers.
 
 Parameters carry logical axes (``vocab``, ``embed``, ``mlp``, ``heads``, ``kv_heads``, ``head_dim``;
 the layers are stacked by ``nn.scan`` on a leading ``layers`` axis) and activations are constrained
@@ -16,8 +22,10 @@ Param tree of ``CausalLM`` (shapes without the ``layers`` axis where stacked)::
   model/embed_tokens/embedding          [vocab, embed]
   model/layers/input_layernorm/scale    [layers, embed]
   model/layers/self_attn/{q,k,v}_proj/kernel [layers, embed, heads|kv_heads, head_dim] (+ bias)
+  model/layers/self_attn/{q,k}_norm/scale [layers, head_dim]                 (Qwen3)
   model/layers/self_attn/o_proj/kernel  [layers, heads, head_dim, embed]
   model/layers/post_attention_layernorm/scale
+  model/layers/{pre,post}_feedforward_layernorm/scale [layers, embed]      (Gemma 2)
   model/layers/mlp/{gate,up}_proj/kernel [layers, embed, mlp];  down_proj/kernel [layers, mlp, embed]
   model/norm/scale                      [embed]
   lm_head/kernel                        [embed, vocab]   (absent when tied)
@@ -44,7 +52,7 @@ import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
 from jaxrl_hf.mesh.rules import logical_to_spec
-from jaxrl_hf.models.attention import cached_attention, self_attention
+from jaxrl_hf.models.attention import cached_attention, self_attention, soft_cap
 from jaxrl_hf.models.config import DecoderConfig
 from jaxrl_hf.models.matmul import matmul_f32_accumulate
 from jaxrl_hf.models.rope import apply_rope, rope_frequencies
@@ -88,17 +96,27 @@ def _init(initializer: Any, names: tuple[str, ...]) -> Any:
 
 
 class RMSNorm(nn.Module):
-    """Root-mean-square layer norm (Zhang & Sennrich 2019): x / sqrt(mean(x^2) + eps) * scale, in f32."""
+    """Root-mean-square layer norm (Zhang & Sennrich 2019): x / sqrt(mean(x^2) + eps) * scale, in f32; with
+    ``unit_offset`` (Gemma) the factor is ``1 + scale`` and ``scale`` starts at 0."""
 
     eps: float
     param_dtype: Any = jnp.float32
+    axis_name: str = "embed"
+    unit_offset: bool = False
 
     @nn.compact
     def __call__(self, x: Array) -> Array:
-        scale = self.param("scale", _init(nn.initializers.ones, ("embed",)), (x.shape[-1],), self.param_dtype)
+        init = nn.initializers.zeros if self.unit_offset else nn.initializers.ones
+        scale = self.param("scale", _init(init, (self.axis_name,)), (x.shape[-1],), self.param_dtype)
         xf = x.astype(jnp.float32)
         normed = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
-        return (normed * scale.astype(jnp.float32)).astype(x.dtype)
+        factor = scale.astype(jnp.float32) + (1.0 if self.unit_offset else 0.0)
+        return (normed * factor).astype(x.dtype)
+
+
+def make_norm(config: DecoderConfig, name: str | None = None, axis_name: str = "embed") -> RMSNorm:
+    """The family's RMSNorm (``1 + w`` for Gemma 2)."""
+    return RMSNorm(config.rms_norm_eps, _dtype(config.param_dtype), axis_name, config.is_gemma, name=name)
 
 
 class _Proj(nn.Module):
@@ -143,6 +161,8 @@ class Attention(nn.Module):
 
     ``__call__`` returns ``(y, new_kv)``: ``new_kv`` holds this call's keys/values ``[B, T, kv_heads,
     head_dim]`` in the cache dtype (``None`` without a cache); the caller writes them into the cache.
+    ``window`` is this layer's sliding window (a traced int, ``0`` = full attention; ``None`` when no layer
+    of the model slides).
     """
 
     config: DecoderConfig
@@ -151,7 +171,7 @@ class Attention(nn.Module):
 
     @nn.compact
     def __call__(self, x: Array, positions: Array, attention_mask: Array, cache_index: Array,
-                 layer_cache: KVCache | None) -> tuple[Array, KVCache | None]:
+                 layer_cache: KVCache | None, window: Array | None = None) -> tuple[Array, KVCache | None]:
         c = self.config
         dt, pdt = _dtype(c.dtype), _dtype(c.param_dtype)
         h, k, d, e = c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.hidden_size
@@ -161,7 +181,15 @@ class Attention(nn.Module):
         v = _Proj(e, (k, d), ("embed", "kv_heads", "head_dim"), bias("kv_heads"), dt, pdt, name="v_proj")(x)
         q = constrain(q, ("batch", "length", "heads", "head_dim"), self.mesh, self.rules)
         kk = constrain(kk, ("batch", "length", "kv_heads", "head_dim"), self.mesh, self.rules)
+        if c.qk_norm:  # Qwen3: RMSNorm of each head before RoPE
+            q = make_norm(c, "q_norm", "head_dim")(q)
+            kk = make_norm(c, "k_norm", "head_dim")(kk)
         inv_freq, rope_scale = rope_frequencies(c)
+        if c.rope_local_theta is not None and window is not None:  # Gemma 3: sliding layers' own RoPE base
+            local_freq = rope_frequencies(c.replace(rope_theta=c.rope_local_theta, rope_scaling=()))[0]
+            sliding = window > 0
+            inv_freq = jnp.where(sliding, jnp.asarray(local_freq, jnp.float32), jnp.asarray(inv_freq, jnp.float32))
+            rope_scale = jnp.where(sliding, 1.0, rope_scale)
         q = apply_rope(q, positions, inv_freq, rope_scale)
         kk = apply_rope(kk, positions, inv_freq, rope_scale)
 
@@ -186,10 +214,12 @@ class Attention(nn.Module):
         b, t = x.shape[0], x.shape[1]
         qg = q.reshape(b, t, k, h // k, d)
         if layer_cache is not None and layer_cache["k"].shape[1]:  # decode / chunked prefill: eager over the cache
-            out = cached_attention(qg, kk, v, layer_cache, attention_mask, cache_index, d ** -0.5)
+            out = cached_attention(qg, kk, v, layer_cache, attention_mask, cache_index, c.attention_scale, window,
+                                   c.attn_logit_softcapping)
         else:  # training, log-probs, prefill: the configured implementation, segment ids = this call's mask
             segments = jax.lax.dynamic_slice_in_dim(attention_mask.astype(jnp.int32), cache_index, t, axis=1)
-            out = self_attention(qg, kk, v, segments, d ** -0.5, c.attn_implementation)
+            out = self_attention(qg, kk, v, segments, c.attention_scale, c.attn_implementation, window,
+                                 c.attn_logit_softcapping)
         out = checkpoint_name(out, "attn_out")
         out = constrain(out.reshape(b, t, h, d), ("batch", "attn_length", "attn_heads", "head_dim"), self.mesh,
                         self.rules)
@@ -200,7 +230,7 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    """SwiGLU feed-forward (Shazeer 2020): down(silu(gate(x)) * up(x))."""
+    """Gated feed-forward (Shazeer 2020): down(act(gate(x)) * up(x)); act = silu (SwiGLU) or tanh-gelu (GeGLU)."""
 
     config: DecoderConfig
     mesh: Any = None
@@ -213,12 +243,14 @@ class MLP(nn.Module):
         e, m = c.hidden_size, c.intermediate_size
         gate = _Proj(e, (m,), ("embed", "mlp"), None, dt, pdt, name="gate_proj")(x)
         up = _Proj(e, (m,), ("embed", "mlp"), None, dt, pdt, name="up_proj")(x)
-        hidden = constrain(nn.silu(gate) * up, ("batch", "length", "mlp"), self.mesh, self.rules)
+        act = nn.silu(gate) if c.hidden_act == "silu" else nn.gelu(gate, approximate=True)
+        hidden = constrain(act * up, ("batch", "length", "mlp"), self.mesh, self.rules)
         return _Proj(m, (e,), ("mlp", "embed"), None, dt, pdt, name="down_proj")(hidden)
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm transformer block; scanned over layers (carry = hidden states)."""
+    """Pre-norm transformer block (Gemma 2: also post-norms on the attention and MLP outputs); scanned over
+    layers (carry = hidden states; ``window`` = this layer's entry of ``DecoderConfig.layer_windows``)."""
 
     config: DecoderConfig
     mesh: Any = None
@@ -226,17 +258,21 @@ class DecoderLayer(nn.Module):
 
     @nn.compact
     def __call__(self, x: Array, positions: Array, attention_mask: Array, cache_index: Array,
-                 layer_cache: KVCache | None) -> tuple[Array, KVCache | None]:
+                 layer_cache: KVCache | None, window: Array | None = None) -> tuple[Array, KVCache | None]:
         """Returns ``(hidden, new_kv)``; ``new_kv`` as in ``Attention`` (scanned: stacked over layers)."""
         c = self.config
-        pdt = _dtype(c.param_dtype)
         x = constrain(x, ("batch", "length", "embed"), self.mesh, self.rules)
-        h = RMSNorm(c.rms_norm_eps, pdt, name="input_layernorm")(x)
+        h = make_norm(c, "input_layernorm")(x)
         attn, new_kv = Attention(c, self.mesh, self.rules, name="self_attn")(
-            h, positions, attention_mask, cache_index, layer_cache)
-        x = x + attn
-        h = checkpoint_name(RMSNorm(c.rms_norm_eps, pdt, name="post_attention_layernorm")(x), "mlp_in")
-        x = x + MLP(c, self.mesh, self.rules, name="mlp")(h)
+            h, positions, attention_mask, cache_index, layer_cache, window)
+        if c.is_gemma:
+            x = x + make_norm(c, "post_attention_layernorm")(attn)
+            h = checkpoint_name(make_norm(c, "pre_feedforward_layernorm")(x), "mlp_in")
+            x = x + make_norm(c, "post_feedforward_layernorm")(MLP(c, self.mesh, self.rules, name="mlp")(h))
+        else:
+            x = x + attn
+            h = checkpoint_name(make_norm(c, "post_attention_layernorm")(x), "mlp_in")
+            x = x + MLP(c, self.mesh, self.rules, name="mlp")(h)
         return constrain(x, ("batch", "length", "embed"), self.mesh, self.rules), new_kv
 
 
@@ -281,12 +317,12 @@ class Decoder(nn.Module):
             layer_cls,
             variable_axes={"params": 0},
             split_rngs={"params": True},
-            in_axes=(nn.broadcast, nn.broadcast, nn.broadcast, 0),
+            in_axes=(nn.broadcast, nn.broadcast, nn.broadcast, 0, 0),
             length=c.num_hidden_layers,
             unroll=1 if c.scan_layers else c.num_hidden_layers,  # the same stacked parameters either way
             metadata_params={nn.PARTITION_NAME: "layers"},
         )(c, self.mesh, self.rules)
-        self.norm = RMSNorm(c.rms_norm_eps, _dtype(c.param_dtype))
+        self.norm = make_norm(c)
 
     def __call__(self, input_ids: Array, positions: Array, attention_mask: Array,
                  cache: KVCache | None = None, cache_index: Array | int = 0) -> tuple[Array, KVCache | None]:
@@ -303,8 +339,12 @@ class Decoder(nn.Module):
             if isinstance(cache_index, int) and cache_index == 0:
                 cache = jax.tree.map(lambda a: a[:, :, :0], cache)
         x = self.embed_tokens(input_ids)
+        if self.config.is_gemma:  # Gemma: embedding * sqrt(hidden), the factor rounded to the compute dtype
+            x = x * jnp.asarray(self.config.hidden_size ** 0.5, x.dtype)
         x = constrain(x, ("batch", "length", "embed"), self.mesh, self.rules)
-        x, new_kv = self.layers(x, positions, attention_mask, jnp.asarray(cache_index, jnp.int32), cache)
+        windows = self.config.layer_windows
+        windows = None if windows is None else jnp.asarray(windows, jnp.int32)
+        x, new_kv = self.layers(x, positions, attention_mask, jnp.asarray(cache_index, jnp.int32), cache, windows)
         return self.norm(x), new_kv
 
     def attend(self, hidden: Array) -> Array:
@@ -345,7 +385,8 @@ class CausalLM(nn.Module):
             logits = self.model.attend(hidden)
         else:
             logits = self.lm_head(hidden)
-        return constrain(logits.astype(jnp.float32), ("batch", "length", "vocab"), self.mesh, self.rules)
+        logits = soft_cap(logits.astype(jnp.float32), self.config.final_logit_softcapping)
+        return constrain(logits, ("batch", "length", "vocab"), self.mesh, self.rules)
 
     def __call__(self, input_ids: Array, positions: Array, attention_mask: Array,
                  cache: KVCache | None = None, cache_index: Array | int = 0) -> tuple[Array, KVCache | None]:

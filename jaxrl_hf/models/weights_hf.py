@@ -38,6 +38,11 @@ def _layer_entries(config: DecoderConfig) -> list[tuple[str, tuple[str, ...], st
         entries += [(f"self_attn.{n}_proj.bias", ("self_attn", f"{n}_proj", "bias"), "head_bias") for n in "qkv"]
     if config.o_bias:
         entries.append(("self_attn.o_proj.bias", ("self_attn", "o_proj", "bias"), "vec"))
+    if config.qk_norm:  # Qwen3
+        entries += [(f"self_attn.{n}_norm.weight", ("self_attn", f"{n}_norm", "scale"), "vec") for n in "qk"]
+    if config.is_gemma:
+        entries += [(f"{n}.weight", (n, "scale"), "vec")
+                    for n in ("pre_feedforward_layernorm", "post_feedforward_layernorm")]
     return entries
 
 
@@ -72,7 +77,8 @@ def _expected_layer_shapes(config: DecoderConfig) -> dict[str, tuple[int, ...]]:
         "self_attn.v_proj.weight": (e, k, d), "self_attn.o_proj.weight": (h, d, e),
         "mlp.gate_proj.weight": (e, m), "mlp.up_proj.weight": (e, m), "mlp.down_proj.weight": (m, e),
         "self_attn.q_proj.bias": (h, d), "self_attn.k_proj.bias": (k, d), "self_attn.v_proj.bias": (k, d),
-        "self_attn.o_proj.bias": (e,),
+        "self_attn.o_proj.bias": (e,), "self_attn.q_norm.weight": (d,), "self_attn.k_norm.weight": (d,),
+        "pre_feedforward_layernorm.weight": (e,), "post_feedforward_layernorm.weight": (e,),
     }
 
 

@@ -16,7 +16,7 @@ OP_KINDS: tuple[str, ...] = ("train", "infer", "generate")
 
 @dataclasses.dataclass(frozen=True)
 class ModelArch:
-    """A decoder-only transformer (Llama/Qwen2 family). `value_head` replaces the LM head by a
+    """A decoder-only transformer (Llama/Qwen2/Qwen3/Mistral/Gemma families). `value_head` replaces the LM head by a
     scalar head (critic, reward and cost models)."""
 
     num_layers: int

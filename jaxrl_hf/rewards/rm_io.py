@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from safetensors.numpy import save_file
 
-from jaxrl_hf.models.config import DecoderConfig
+from jaxrl_hf.models.config import HF_ARCHITECTURES, DecoderConfig
 from jaxrl_hf.models.tokenizer import Tokenizer
 from jaxrl_hf.models.value_head import hf_state_dict_to_value_params, value_params_to_hf_state_dict
 from jaxrl_hf.models.weights_hf import iter_safetensors
@@ -42,14 +42,14 @@ FORMAT_VERSION = 1
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
                    "generation_config.json")
 SEQUENCE_LAYOUT = "chat_template(prompt, add_generation_prompt=True) + response + eos; score at last token"
-_SEQ_CLS_ARCH = {"llama": "LlamaForSequenceClassification", "qwen2": "Qwen2ForSequenceClassification",
-                 "mistral": "MistralForSequenceClassification"}
 
 
 def reward_model_hf_config(config: DecoderConfig) -> dict[str, Any]:
     """``config.json`` for the value model: the decoder's HF config as a 1-label sequence classifier."""
     hf = config.to_hf_dict()
-    hf["architectures"] = [_SEQ_CLS_ARCH[config.model_type]]
+    lm_class = HF_ARCHITECTURES[config.model_type]  # Gemma 3's text-only classifier has "Text" in its name
+    lm_class = "Gemma3TextForCausalLM" if config.model_type == "gemma3_text" else lm_class
+    hf["architectures"] = [lm_class.replace("ForCausalLM", "ForSequenceClassification")]
     hf["num_labels"] = 1
     hf["id2label"] = {"0": "LABEL_0"}
     hf["label2id"] = {"LABEL_0": 0}

@@ -327,7 +327,8 @@ class VllmRolloutEngine:
         if model_dir is not None:
             other = DecoderConfig.from_pretrained_dir(model_dir, dtype=self.config.dtype)
             fields = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                      "num_key_value_heads", "head_dim", "tie_word_embeddings", "model_type", "qkv_bias")
+                      "num_key_value_heads", "head_dim", "tie_word_embeddings", "model_type", "qkv_bias",
+                      "sliding_window", "layer_types")
             diff = {f: (getattr(other, f), getattr(self.config, f)) for f in fields
                     if getattr(other, f) != getattr(self.config, f)}
             if diff:

@@ -98,7 +98,7 @@ def check_attn_implementation(model: ModelConfig, where: str = "model") -> None:
 
 def load_model(model: ModelConfig, where: str = "model") -> LoadedModel:
     """``model.path``: ``"tiny-random"`` (random init from ``model.tiny`` and ``model.seed``), a known
-    model name (``"smollm2-135m-instruct"``), an HF directory or a ``.gguf`` file."""
+    model name (``"smollm2-135m-instruct"``), an HF directory, a ``.gguf`` file or a locally cached hub id."""
     check_attn_implementation(model, where)
     if model.path == TINY_RANDOM:
         config = tiny_decoder_config(model.tiny, model.dtype, model.remat, where=f"{where}.tiny",

@@ -48,7 +48,7 @@ def response_log_probs(params: Any, config: DecoderConfig, input_ids: Array, att
     h = hidden[:, prompt_len - 1:-1]
     kernel = lm_head_kernel(params, config).astype(jnp.dtype(config.dtype))
     log_prob, entropy = log_probs_and_entropy_from_hidden(h, kernel, input_ids[:, prompt_len:], temperature,
-                                                          chunk_size, with_entropy)
+                                                          chunk_size, with_entropy, config.final_logit_softcapping)
     return whole_rows(log_prob, mesh, rules), whole_rows(entropy, mesh, rules)
 
 

@@ -50,7 +50,8 @@ def packed_log_prob_fn(model_config: DecoderConfig, mesh: Any = None, rules: Any
         hidden = hidden_states(params, model_config, *_packed_inputs(micro), mesh, rules)
         h = gather_response_positions(hidden, micro["pack_gather"])
         kernel = lm_head_kernel(params, model_config).astype(jnp.dtype(model_config.dtype))
-        return log_probs_and_entropy_from_hidden(h, kernel, micro["responses"], temperature, chunk_size, True)
+        return log_probs_and_entropy_from_hidden(h, kernel, micro["responses"], temperature, chunk_size, True,
+                                                 model_config.final_logit_softcapping)
     return fn
 
 
