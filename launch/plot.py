@@ -1,7 +1,8 @@
 """Plot a run's learning curves: ``python launch/plot.py RUN_DIR [--out FILE]``.
 
 Reads ``RUN_DIR/metrics.jsonl`` (and ``validation.jsonl``) and draws four panels vs step: reward/accuracy
-(train score, train acc, validation acc per dataset), response length, entropy, pg_clipfrac. Writes ``RUN_DIR/curves.png``
+(train score, train acc, validation acc per dataset), response length, entropy, pg_clipfrac; for an SFT / DPO run
+(``launch/train_sft.py``, ``train_dpo.py``): loss, DPO reward accuracy and margin (SFT: tokens/s), gradient norm, lr. Writes ``RUN_DIR/curves.png``
 with matplotlib's Agg backend (``--out`` may name another format matplotlib writes: ``.svg``, ``.pdf``).
 """
 
@@ -20,6 +21,13 @@ PANELS = [
     ("entropy", "nats / token", ["actor/entropy"]),
     ("pg_clipfrac", "fraction of tokens clipped", ["actor/pg_clipfrac"]),
 ]
+FINETUNE_PANELS = [
+    ("loss", "loss", ["train/loss"]),
+    ("preference (DPO) / throughput (SFT)", "", ["rewards/accuracies", "rewards/margins", "perf/tokens_per_s"]),
+    ("gradient norm", "global L2 norm", ["train/grad_norm"]),
+    ("learning rate", "lr", ["train/lr"]),
+]
+"""``launch/train_sft.py`` / ``train_dpo.py`` runs (no RL metrics): their own four panels."""
 LABELS = {"critic/score/mean": "train score", "critic/acc/mean": "train accuracy",
           "val:acc": "validation accuracy, mean over datasets", "response_length/mean": "train batch mean",
           "actor/entropy": "policy entropy (train batch)", "actor/pg_clipfrac": "PPO-clip fraction"}
@@ -71,7 +79,10 @@ def draw(series: dict[str, list[tuple[float, float]]], title: str) -> Any:
 
     fig, axes = plt.subplots(2, 2, figsize=(10, 7))
     fig.suptitle(title)
-    for ax, (name, ylabel, keys) in zip(axes.flat, PANELS):
+    finetune = "train/loss" in series and "critic/score/mean" not in series
+    panels = [(n, y, [k for k in keys if k != "perf/tokens_per_s" or "rewards/margins" not in series])
+              for n, y, keys in FINETUNE_PANELS] if finetune else PANELS
+    for ax, (name, ylabel, keys) in zip(axes.flat, panels):
         drawn = 0
         for color, key in zip(COLORS, panel_keys(keys, series)):
             if key in series:

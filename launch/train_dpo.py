@@ -110,7 +110,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         batch = preference_batch(encoded, idx, args.batch_size, pad, args.max_length)
         return {**batch, "ref_logps": np.concatenate([ref[idx, 0], ref[idx, 1]])}
 
-    logger = MetricLogger(args.out, ["jsonl"], resume_step=first)
+    logger = MetricLogger(args.out, ["jsonl", "tensorboard"], resume_step=first)
     meta = {"model": policy.name, "data": data_desc, "loss": loss_type, "beta": beta, "max_length": args.max_length,
             "lora_rank": args.lora_rank}
     t_train = time.perf_counter()

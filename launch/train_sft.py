@@ -77,7 +77,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
                          args.log_every, args.resume)
     state, first = loop.start_state(spec, pol.init_state(trainable, optimizer))
     step_fn = make_train_step(lambda params, batch: sft_loss(params, config, batch), optimizer, lora_cfg)
-    logger = MetricLogger(args.out, ["jsonl"], resume_step=first)
+    logger = MetricLogger(args.out, ["jsonl", "tensorboard"], resume_step=first)
     take = lambda idx: {k: v[idx] for k, v in buffers.items()}  # noqa: E731
     count = lambda batch: int((batch["segment_ids"] > 0).sum())  # noqa: E731
     meta = {"model": policy.name, "data": data_desc, "max_length": args.max_length, "lora_rank": args.lora_rank}

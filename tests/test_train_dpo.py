@@ -178,6 +178,11 @@ def test_smoke_run_loss_falls_and_logs_trl_metrics(tmp_path, smollm2_dir):
             "train/lr", "train/grad_norm"} <= set(record)
     assert record["rewards/margins"] > 0 and record["rewards/accuracies"] == 1.0
     assert load_pretrained(str(out / "hf")).config.num_hidden_layers == 2
+    assert (out / "tensorboard").is_dir()  # metrics go to TensorBoard and the plot too, like the RL trainer's
+    plot = importlib.util.spec_from_file_location("_plot", os.path.join(REPO, "launch", "plot.py"))
+    module = importlib.util.module_from_spec(plot)
+    plot.loader.exec_module(module)
+    assert module.main([str(out)]) == 0 and (out / "curves.png").stat().st_size > 10_000
     # resumed: the reference log-probs are recomputed from the initial model, so step 7 keeps improving on step 6
     resumed = cli.main([*common, "--steps", "7", "--resume"])
     assert resumed["resumed_from_step"] == 6 and [h["step"] for h in resumed["history"]] == [7]
