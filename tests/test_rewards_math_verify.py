@@ -15,7 +15,7 @@ from jaxrl_hf.rewards.pool import make_scorer
 
 pytest.importorskip("math_verify")
 
-SLOW = ("\\boxed{(x+1)^{200}}", "(x+2)^{200}")  # ~3 s of sympy expansion on this CPU, interruptible
+SLOW = ("\\boxed{(x+1)^{3000}}", "(x+2)^{3000}")  # ~20 s of sympy expansion on this CPU, interruptible
 STUCK = ("\\boxed{9^{9^{9^{9}}}}", "2")       # one bignum power in C: no signal handler runs until it ends
 
 

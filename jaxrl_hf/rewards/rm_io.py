@@ -152,8 +152,9 @@ def _hf_metadata(path: str) -> dict[str, Any]:
         hf = json.load(fh)
     archs = hf.get("architectures") or []
     if not any(a.endswith("ForSequenceClassification") for a in archs):
+        classifiers = sorted(a.replace("ForCausalLM", "ForSequenceClassification") for a in HF_ARCHITECTURES.values())
         raise ValueError(f"{file}: architectures={archs}; a reward model is a ...ForSequenceClassification "
-                         f"(e.g. {sorted(_SEQ_CLS_ARCH.values())}) or a directory with {METADATA_FILE}")
+                         f"(e.g. {classifiers}) or a directory with {METADATA_FILE}")
     labels = hf.get("num_labels", len(hf.get("id2label") or {}) or 2)
     if labels != 1:
         raise ValueError(f"{file}: num_labels={labels}; a reward model has one output (num_labels=1)")
