@@ -12,7 +12,8 @@ A checkpoint is written into ``.tmp_global_step_N``; only after every part and `
 is the completion marker written (the size and CRC-32 of each file) and the directory renamed into place, so a
 run killed mid-save leaves the previous checkpoint as the latest (``.tmp_*`` leftovers are removed on the next
 save). On resume the newest checkpoint whose files still match its marker is used: a truncated or altered file
-or a missing marker is reported by name and the previous checkpoint is tried. A save that fails (disk full, no
+or a missing marker is reported by name and the previous checkpoint is tried (and one that passes these checks
+but fails to restore, ``trainer/checkpoint_restore.py``). A save that fails (disk full, no
 permission) stops the run and leaves the previous checkpoints in place; ``max_ckpt_to_keep`` prunes only after
 a save is complete.
 """
@@ -179,13 +180,23 @@ class CheckpointManager:
             shutil.rmtree(step_dir(self.ckpt_dir, step), ignore_errors=True)
         return doomed
 
+    def _steps_newest_first(self) -> list[int]:
+        """Steps of every ``global_step_N`` directory (complete or not), newest first."""
+        names = os.listdir(self.ckpt_dir) if os.path.isdir(self.ckpt_dir) else []
+        return sorted((int(m.group(1)) for n in names if (m := _STEP_DIR.match(n))), reverse=True)
+
+    def older_than(self, path: str) -> list[str]:
+        """The ``global_step_N`` directories older than the checkpoint ``path`` (complete or not), newest first:
+        the candidates when ``path`` passes its checks but cannot be restored."""
+        match = _STEP_DIR.match(os.path.basename(os.path.normpath(path)))
+        newest = int(match.group(1)) if match else -1
+        return [step_dir(self.ckpt_dir, s) for s in self._steps_newest_first() if s < newest]
+
     def newest_usable(self) -> str | None:
         """The newest checkpoint whose files match its marker; each newer one that does not is named in a warning.
         None when there is no checkpoint; a ``CheckpointError`` naming them when none is usable."""
-        steps = sorted((int(m.group(1)) for n in (os.listdir(self.ckpt_dir) if os.path.isdir(self.ckpt_dir) else [])
-                        if (m := _STEP_DIR.match(n))), reverse=True)
         damaged = []
-        for step in steps:
+        for step in self._steps_newest_first():
             path = step_dir(self.ckpt_dir, step)
             problem = verify(path)
             if problem is None:

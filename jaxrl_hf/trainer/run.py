@@ -28,6 +28,7 @@ from jaxrl_hf.errors import ExitCode
 from jaxrl_hf.trainer.advantage import KLController
 from jaxrl_hf.trainer.algorithms import ALGORITHMS
 from jaxrl_hf.trainer.async_rollout import AsyncRollout
+from jaxrl_hf.trainer.checkpoint_restore import model_changes, restore_newest
 from jaxrl_hf.trainer.checkpointing import CheckpointError, CheckpointManager, load_trainer_state
 from jaxrl_hf.trainer.data import collate_prompts, load_split, load_tokenizer, make_train_loader, ptx_examples
 from jaxrl_hf.trainer.dynamic_sampling import DynamicSamplingError
@@ -233,6 +234,7 @@ class RLTrainer:
     def _fit(self) -> int:
         c = self.config
         resume = self.ckpt.resume_path(c.trainer.resume_mode, c.trainer.resume_from_path)
+        changed: list[str] = []
         if resume is None:
             check_fresh_start(self.run_dir, c.trainer.overwrite)
         else:
@@ -240,15 +242,18 @@ class RLTrainer:
                                           c.trainer.allow_config_change)
             if changed:
                 print("resuming with config changes:\n  " + "\n  ".join(changed), file=sys.stderr)
-        dump_config(c, os.path.join(self.run_dir, "config.yaml"))
+        if resume is None:  # a resume keeps the saved config.yaml until a checkpoint has restored
+            dump_config(c, os.path.join(self.run_dir, "config.yaml"))
         self._setup_data()
         self.reward_fn = RewardFunction(c, self.tokenizer)
         self.val_reward_fn = RewardFunction(c, self.tokenizer, validation=True)
         with progress.Heartbeat(c.trainer.progress_interval_s), RoleBuilder(c) as builder:
             with progress.doing("starting the workers (loading the model, placing it on the devices)"):
                 self.roles = builder.build()
-            if resume:
-                self.restore(resume)
+            if resume:  # the newest checkpoint that restores (auto: older ones when it fails)
+                resume = restore_newest(self.ckpt, resume, self.restore, fallback=c.trainer.resume_mode == "auto",
+                                        changed_model=model_changes(changed))
+                dump_config(c, os.path.join(self.run_dir, "config.yaml"))
                 print(f"resumed from {resume} (step {self.global_step})", file=sys.stderr)
             self._start_async_rollout()
             log = MetricLogger(self.run_dir, c.trainer.logger, resume_step=self.global_step, config=c.to_dict(),
