@@ -9,7 +9,9 @@ checks the placement and the program, not GPUs or a network between machines.
 """
 
 import os
+import signal
 import sys
+import time
 
 import jax
 import numpy as np
@@ -18,7 +20,9 @@ import ray
 
 from _models_helpers import assert_smoke_run_trained
 from jaxrl_hf.config import load_config
-from jaxrl_hf.controller import ControllerError, Dispatch, ResourcePool, Worker, WorkerGroup, register
+from jaxrl_hf.controller import (ControllerError, Dispatch, ResourcePool, Worker, WorkerDiedError, WorkerGroup,
+                                 register)
+from jaxrl_hf.controller import worker_logs
 from jaxrl_hf.trainer.roles import make_pool
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -139,3 +143,57 @@ def test_grpo_smoke_on_two_nodes(two_nodes, tmp_path):
     assert run("grpo", preset="smoke", overrides=overrides) == 0
     assert_smoke_run_trained(run_dir, 2)
     assert os.path.isdir(run_dir / "checkpoints" / "global_step_2" / "actor")  # written by both nodes' processes
+
+
+class LastWords(Worker):
+    """Says a line in its log, then waits until killed."""
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def node_and_pid(self) -> tuple:
+        return ray.get_runtime_context().get_node_id(), os.getpid()
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def say(self) -> None:
+        print(f"rank {self.rank} last words on its own node", file=sys.stderr, flush=True)
+
+    @register(dispatch=Dispatch.ONE_TO_ALL, blocking=False)
+    def wait(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+
+def test_a_worker_killed_on_the_other_node_is_named_with_its_log_fetched_from_that_node(two_nodes, tmp_path,
+                                                                                          monkeypatch):
+    """The driver's own log lookup finds nothing (an empty directory stands in for this machine's Ray logs), so
+    the tail in the message can only come from the dead worker's node: through Ray's state API where the cluster
+    runs the dashboard, otherwise (minimal Ray, as here) through a task pinned to that node."""
+    pool = ResourcePool("far", num_processes=2, nnodes=2, cpus_per_process=0.25, ready_timeout_s=60)
+    try:
+        group = WorkerGroup(pool, LastWords, role="far_worker")
+        driver_node = ray.get_runtime_context().get_node_id()
+        where = group.node_and_pid()
+        rank = next(r for r, (node, _) in enumerate(where) if node != driver_node)
+        node, pid = where[rank]
+        group.say()  # written to the log before the kill
+        future = group.wait(120.0)
+        monkeypatch.setattr(worker_logs, "ray_logs_dir", lambda: str(tmp_path))  # nothing local for any pid
+        os.kill(pid, signal.SIGKILL)
+        start = time.monotonic()
+        with pytest.raises(WorkerDiedError) as info:
+            future.get(timeout_s=60)
+        assert time.monotonic() - start < 30
+        assert (info.value.pool, info.value.role, info.value.rank, info.value.method) == ("far", "far_worker", rank,
+                                                                                         "wait")
+        message = str(info.value)
+        assert f"(pid {pid})" in message and f"on node {node[:8]}" in message, message
+        assert ("fetched by a task on that node" in message or "fetched through Ray's state API" in message), message
+        assert f"rank {rank} last words on its own node" in message, message
+        assert not os.listdir(tmp_path)
+    finally:
+        pool.shutdown()
+
+
+def test_fetching_a_log_from_a_node_that_is_gone_gives_up_in_time(two_nodes):
+    start = time.monotonic()
+    answer = worker_logs.remote_log_tail(12345, "ab" * 28, timeout_s=3)
+    assert time.monotonic() - start < 8
+    assert isinstance(answer, str) and answer.startswith("could not fetch its log from node abababab"), answer

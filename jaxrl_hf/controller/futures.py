@@ -177,10 +177,16 @@ def resolve_deferred(value: Any) -> tuple[Any, int]:
     return value, 0
 
 
+def _actor_id(err: BaseException) -> str | None:
+    """The id of the actor a ``RayActorError`` is about (hex), when Ray says."""
+    actor_id = getattr(err, "actor_id", None)
+    return actor_id if isinstance(actor_id, str) and actor_id else None
+
+
 def _describe_failure(err: Exception, pool: str, role: str, rank: int, method: str) -> Exception:
     """Driver-side exception for a failed rank, naming pool, role, rank and method."""
     if isinstance(err, ray.exceptions.RayActorError):
-        return WorkerDiedError(pool, role, rank, method, describe_death(str(err)))
+        return WorkerDiedError(pool, role, rank, method, describe_death(str(err), actor_id=_actor_id(err)))
     if isinstance(err, ray.exceptions.RayTaskError):
         cause = getattr(err, "cause", None)
         if isinstance(cause, WorkerMethodError):  # rebuilt: Ray's wrapper mixes in its own text
@@ -188,7 +194,7 @@ def _describe_failure(err: Exception, pool: str, role: str, rank: int, method: s
                 cause.role, cause.rank, cause.method, cause.remote_type, cause.remote_traceback
             )
         if isinstance(cause, ray.exceptions.RayActorError):
-            return WorkerDiedError(pool, role, rank, method, describe_death(str(cause)))
+            return WorkerDiedError(pool, role, rank, method, describe_death(str(cause), actor_id=_actor_id(cause)))
         return WorkerMethodError(role, rank, method, type(cause or err).__name__, str(err))
     return ControllerError(f"pool {pool!r} role {role!r} rank {rank} method {method!r}: {err!r}")
 
