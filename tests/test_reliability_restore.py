@@ -145,7 +145,11 @@ def saved_run(tmp_path_factory, trainer_session):
 
 
 @pytest.mark.slow
-def test_a_checkpoint_damaged_behind_its_marker_resumes_from_the_previous_one(saved_run, tmp_path, capfd, caplog):
+@pytest.mark.parametrize("marker", ["kept", "rewritten"])
+def test_a_truncated_file_of_the_newest_checkpoint_resumes_from_the_previous_one(saved_run, tmp_path, capfd, caplog,
+                                                                                marker):
+    """A data file of the real step-2 checkpoint is truncated. ``kept``: its marker's size and CRC-32 catch it.
+    ``rewritten``: the marker is written again over the damaged file, so only the restore can tell."""
     from jaxrl_hf.trainer.metrics import is_wall_clock_metric
 
     run_dir = tmp_path / "run"
@@ -154,12 +158,17 @@ def test_a_checkpoint_damaged_behind_its_marker_resumes_from_the_previous_one(sa
     data = newest / "actor" / "state" / "ocdbt.process_0" / "d"
     biggest = max(data.iterdir(), key=lambda f: f.stat().st_size)
     os.truncate(biggest, biggest.stat().st_size // 4)
-    write_marker(str(newest))  # the marker now vouches for the damaged file: only the restore can tell
+    if marker == "rewritten":
+        write_marker(str(newest))
     with caplog.at_level(logging.WARNING):
         assert _train(run_dir) == 0  # the same command
     err = capfd.readouterr().err
     warned = [r.getMessage() for r in caplog.records if "global_step_2 is not usable" in r.getMessage()]
-    assert warned and "restore failed" in warned[0] and "load_checkpoint" in warned[0], caplog.text
+    assert warned, caplog.text
+    if marker == "rewritten":
+        assert "restore failed" in warned[0] and "load_checkpoint" in warned[0], warned[0]
+    else:
+        assert f"{biggest.name} has {biggest.stat().st_size} bytes" in warned[0], warned[0]
     assert f"resumed from {run_dir / 'checkpoints' / 'global_step_1'} (step 1)" in err, err[-3000:]
     full, resumed = _records(saved_run), _records(run_dir)
     assert [r["step"] for r in resumed] == [1, 2]
