@@ -7,6 +7,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -144,3 +145,43 @@ def test_a_sigkilled_worker_stops_the_run_by_name_and_the_same_command_resumes_t
         return {k: v for k, v in record.items() if not is_wall_clock_metric(k)}
 
     assert comparable(got[2]) == comparable(want[2]) and want[2]["actor/ppo_kl"] != 0
+
+
+def test_a_stopped_worker_ends_the_run_at_its_timeout_naming_it(tmp_path):
+    """A real worker process of a smoke run is SIGSTOPped once step 1 is logged (alive, never answering): the run
+    ends when ``trainer.worker_timeout_s`` expires, exit 6, naming the pool, role, method and rank that did not
+    answer; nothing is left behind (the stopped process included)."""
+    timeout_s = 30  # above any call of a compiled step on a busy 2-core machine; the first step's calls too
+    cmd = [sys.executable, os.path.join(REPO, "launch", "train.py"), "--algo", "grpo", "--preset", "smoke",
+           f"trainer.run_dir={tmp_path / 'run'}", "trainer.total_steps=3", "trainer.save_freq=0",
+           "trainer.test_freq=0", "trainer.val_before_train=false", "trainer.progress_bar=false",
+           f"trainer.worker_timeout_s={timeout_s}"]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    lines, stopped, children, left = [], None, [], []
+    try:
+        for line in proc.stderr:  # blocks until the trainer prints; no sleeping
+            lines.append(line)
+            if line.startswith("step 1/3"):
+                workers = ray_workers(descendants(proc.pid))
+                assert len(workers) == 1, workers  # the actor pool's one process (actor and reference)
+                stopped = workers[0][0]
+                os.kill(stopped, signal.SIGSTOP)
+                break
+        children = descendants(proc.pid)
+        start = time.monotonic()
+        lines += list(proc.stderr)
+        proc.wait(timeout=timeout_s + 90)
+        waited = time.monotonic() - start
+    finally:
+        left = [pid for pid in children if alive(pid)]
+        for pid in left:  # only when the run failed to clean up (the assertion below then fails)
+            os.kill(pid, signal.SIGKILL)
+        if proc.poll() is None:
+            proc.kill()
+    err = "".join(lines)
+    assert proc.returncode == 6, err[-4000:]  # ExitCode.WORKER
+    assert timeout_s - 5 <= waited <= timeout_s + 60, (waited, err[-3000:])
+    named = [ln for ln in err.splitlines() if f"did not answer within {timeout_s} s" in ln]
+    assert named and "pool 'actor'" in named[0] and "ranks [0]" in named[0] and "method '" in named[0], err[-3000:]
+    assert "trainer.worker_timeout_s" in named[0] and "Traceback" not in err
+    assert children and not left, f"processes left behind: {left}"

@@ -101,3 +101,27 @@ def test_a_malformed_data_file_ends_the_run_with_the_data_code_and_no_traceback(
     err = capsys.readouterr().err
     assert code == ExitCode.DATA and "Traceback" not in err
     assert f"{bad}: line 2: invalid JSON" in err and (tmp_path / "run" / "error.log").is_file()
+
+
+def test_sigterm_asks_for_a_stop_at_the_step_boundary_and_a_second_one_changes_nothing(capsys):
+    from jaxrl_hf.trainer.preemption import StopRequest
+
+    with StopRequest() as stop:
+        signal.raise_signal(signal.SIGTERM)  # a scheduler's preemption: noted, the step goes on
+        signal.raise_signal(signal.SIGTERM)
+        assert stop.signal == "SIGTERM"
+    assert capsys.readouterr().err.count("SIGTERM: stopping after this step with a checkpoint") == 1
+
+
+def test_ctrl_c_once_waits_for_the_step_and_twice_raises_keyboard_interrupt(capsys):
+    from jaxrl_hf.trainer.preemption import StopRequest
+
+    before = signal.getsignal(signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt):
+        with StopRequest() as stop:
+            signal.raise_signal(signal.SIGINT)
+            assert stop.signal == "SIGINT"
+            assert "stopping after this step with a checkpoint (Ctrl-C again to stop at once" in capsys.readouterr().err
+            signal.raise_signal(signal.SIGINT)
+    assert signal.getsignal(signal.SIGINT) is before  # the handlers are restored
+    assert report(KeyboardInterrupt(), None, io.StringIO()) == ExitCode.INTERRUPTED == 130
