@@ -42,9 +42,10 @@ from jaxrl_hf.data import gsm8k as gsm8k_data  # noqa: E402
 from jaxrl_hf.errors import ExitCode  # noqa: E402
 from jaxrl_hf.finetune.cli_args import add_training_args, parse_training_args  # noqa: E402
 from jaxrl_hf.finetune import loop, policy as pol  # noqa: E402
-from jaxrl_hf.finetune.dpo_data import EncodedPreferences, encode_preferences, preference_batch  # noqa: E402
+from jaxrl_hf.finetune.dpo_data import preference_batch  # noqa: E402
 from jaxrl_hf.finetune.steps import dpo_loss, make_reference_fn, make_train_step  # noqa: E402
-from jaxrl_hf.rewards.rm_data import PreferencePairError, pairs_from_rows, read_pairs  # noqa: E402
+from jaxrl_hf.rewards.rm_data import (EncodedPairs, PreferencePairError, encode_pairs, pairs_from_rows,  # noqa: E402
+                                      read_pairs)
 from jaxrl_hf.trainer.logging import MetricLogger  # noqa: E402
 
 PRESETS = {"smoke": dict(model="tiny", steps=6, batch_size=4, train_limit=8, max_length=384, lr=1e-3,
@@ -60,7 +61,7 @@ def load_pairs(args: argparse.Namespace) -> tuple[list, str]:
     return read_pairs(args.pairs)[: args.train_limit], args.pairs
 
 
-def reference_log_probs(params: Any, config: Any, encoded: EncodedPreferences, pairs: list[int], batch_size: int,
+def reference_log_probs(params: Any, config: Any, encoded: EncodedPairs, pairs: list[int], batch_size: int,
                         pad_id: int, max_length: int, average: bool) -> np.ndarray:
     """``[N, 2]`` float32: the frozen model's response log-probs of the (chosen, rejected) sequences of ``pairs``
     (NaN for pairs the run never visits)."""
@@ -81,7 +82,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     pairs, data_desc = load_pairs(args)
     policy = pol.load_policy(args.model, args.seed, args.dtype, args.remat, args.num_layers)
     config, pad = policy.config, policy.pad_id
-    encoded = encode_preferences(pairs, policy.tokenizer, policy.eos_id, args.max_length)
+    encoded = encode_pairs(pairs, policy.tokenizer, policy.eos_id, args.max_length)
     if not len(encoded):
         raise PreferencePairError(f"every one of the {len(pairs)} pairs of {data_desc} is longer than "
                                   f"--max-length {args.max_length} tokens")

@@ -15,10 +15,10 @@ import pytest
 
 from jaxrl_hf.algos.preference import preference_loss, sequence_log_probs, token_mean_nll
 from jaxrl_hf.data.gsm8k import default_gsm8k_dir, preference_pairs
-from jaxrl_hf.finetune.dpo_data import encode_preferences, preference_batch
+from jaxrl_hf.finetune.dpo_data import preference_batch
 from jaxrl_hf.finetune.steps import dpo_loss
 from jaxrl_hf.models import DecoderConfig, Tokenizer, init_params, save_hf_dir
-from jaxrl_hf.rewards.rm_data import pairs_from_rows
+from jaxrl_hf.rewards.rm_data import encode_pairs, pairs_from_rows
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -85,7 +85,7 @@ def smollm2_dir() -> str:
 def gsm8k_encoded(smollm2_dir):
     tokenizer = Tokenizer.from_dir(smollm2_dir)
     rows = preference_pairs(os.path.join(default_gsm8k_dir(), "train.jsonl"), seed=0, limit=3)
-    return tokenizer, rows, encode_preferences(pairs_from_rows(rows), tokenizer, tokenizer.eos_token_id, 512)
+    return tokenizer, rows, encode_pairs(pairs_from_rows(rows), tokenizer, tokenizer.eos_token_id, 512)
 
 
 def test_batch_scores_exactly_the_response_tokens(gsm8k_encoded):
