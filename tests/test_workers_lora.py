@@ -86,7 +86,9 @@ def test_lora_trains_only_adapters_and_rollout_serves_merged_weights(worker, tmp
         np.testing.assert_array_equal(x, y)
     export = worker.export_hf(str(tmp_path / "hf"))
     import os
-    assert os.path.isfile(os.path.join(export, "lora_adapter", "adapter_model.safetensors"))
+
+    from jaxrl_hf.workers.checkpoint import LORA_ADAPTER_DIR
+    assert os.path.isfile(os.path.join(export, LORA_ADAPTER_DIR, "adapter_model.safetensors"))
 
 
 def test_offline_export_merges_the_checkpointed_adapters_into_the_base(worker, tmp_path):
