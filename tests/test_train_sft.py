@@ -223,6 +223,9 @@ def test_resume_continues_exactly_as_an_uninterrupted_run(tmp_path):
 
     params = init_params(config, 0)
     full = run(tmp_path / "full", 6, False, params)
+    for h in full:  # the computed slots that hold no token: the packed buffers' unused tails
+        used = buffers["segment_ids"][pol.batch_indices(h["step"] - 1, 2, len(buffers["input_ids"]), 0)] > 0
+        assert h["train/padding_ratio"] == pytest.approx(1 - used.mean()) and 0 <= h["train/padding_ratio"] < 1
     run(tmp_path / "cut", 3, False, params)
     with open(tmp_path / "cut" / "metrics.jsonl", "a") as fh:  # a step logged after the checkpoint, then a crash
         fh.write(json.dumps({"step": 4, "train/loss": 0.0}) + "\n")

@@ -2,10 +2,11 @@
 periodic checkpoints.
 
 Each step takes the items `jaxrl_hf.finetune.policy.batch_indices` names for it, runs the jitted step and logs
-``{step, <loss metrics>, train/grad_norm, train/lr, perf/tokens_per_s, perf/throughput, perf/time_per_step}``
-(``train/lr`` is the learning rate of that update; ``perf/throughput`` is tokens per second per device, verl's
-meaning: the step runs on one device, so it equals ``perf/tokens_per_s``; tokens are the real, non-padding tokens
-the forward ran over). ``--resume`` restores ``OUT/checkpoint``
+``{step, <loss metrics>, train/grad_norm, train/lr, train/padding_ratio, perf/tokens_per_s, perf/throughput,
+perf/time_per_step}`` (``train/lr`` is the learning rate of that update; tokens are the real, non-padding tokens the
+forward ran over; ``train/padding_ratio`` is the share of the batch's computed token slots, ``input_ids.size``, that
+hold none, as the RL actor's ``actor/padding_ratio``; ``perf/throughput`` is tokens per second per device, verl's
+meaning: the step runs on one device, so it equals ``perf/tokens_per_s``). ``--resume`` restores ``OUT/checkpoint``
 and continues at its step with the same data order; a fresh run refuses an ``OUT`` that already holds a
 checkpoint, so one is never overwritten by accident.
 """
@@ -69,7 +70,8 @@ def run_steps(spec: LoopSpec, state: TrainState, frozen: Any, step_fn: Callable[
         state, metrics = step_fn(state, frozen, {k: jnp.asarray(v) for k, v in batch.items()})
         metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
         seconds = time.perf_counter() - t0
-        metrics.update({"train/lr": float(lr_at(step)), "perf/tokens_per_s": tokens / seconds,
+        metrics.update({"train/lr": float(lr_at(step)), "train/padding_ratio": 1.0 - tokens / batch["input_ids"].size,
+                        "perf/tokens_per_s": tokens / seconds,
                         "perf/throughput": tokens / seconds, "perf/time_per_step": seconds})
         log(step + 1, metrics)
         history.append({"step": step + 1, **metrics})
