@@ -69,7 +69,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     print(f"[train_sft] model {policy.name}: {config.num_hidden_layers} layers, hidden {config.hidden_size}, "
           f"compute {config.dtype}", flush=True)
 
-    lora_cfg = pol.lora_config(args.lora_rank, args.lora_alpha)
+    lora_cfg = pol.lora_config(args.lora_rank, args.lora_alpha, args.target_modules)
     trainable, frozen = pol.split_trainable(policy.params, lora_cfg, args.seed)
     schedule = pol.lr_schedule(args.lr, args.warmup_steps, args.steps, args.lr_scheduler)
     optimizer = pol.make_optimizer(schedule, args.weight_decay, args.max_grad_norm)

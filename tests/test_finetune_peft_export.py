@@ -1,8 +1,10 @@
-"""SFT and DPO LoRA runs export their adapters alone in PEFT's format (``OUT/hf/lora_adapter``): peft + transformers
-load them onto the base the run started from and reproduce the merged export's logits."""
+"""SFT and DPO LoRA runs (``--lora-rank``, ``--lora-alpha``, ``--target-modules``) checkpoint only the adapters and
+export them alone in PEFT's format (``OUT/hf/lora_adapter``): peft + transformers load them onto the base the run
+started from and reproduce the merged export's logits."""
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import json
 import os
@@ -40,13 +42,22 @@ def base_dir(tmp_path_factory) -> str:
                          dtype="float32")
 
 
-def _check_peft_adapter(base: str, run_dir) -> None:
+def _checkpointed_params(run_dir) -> set[tuple[str, ...]]:
+    """The trained-parameter paths ``OUT/checkpoint`` holds (orbax's tree metadata)."""
+    with open(os.path.join(run_dir, "checkpoint", "state", "_METADATA")) as fh:
+        paths = [ast.literal_eval(k) for k in json.load(fh)["tree_metadata"]]
+    return {tuple(p[1:]) for p in paths if p[0] == "trainable"}
+
+
+def _check_peft_adapter(base: str, run_dir, targets: tuple[str, ...]) -> None:
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     peft = pytest.importorskip("peft")
     export, adapter = os.path.join(run_dir, "hf"), os.path.join(run_dir, "hf", LORA_ADAPTER_DIR)
     meta = json.loads(open(os.path.join(adapter, "adapter_config.json")).read())
     assert meta["r"] == 4 and meta["lora_alpha"] == 8.0 and meta["base_model_name_or_path"] == base
+    assert meta["target_modules"] == list(targets)
+    assert _checkpointed_params(run_dir) == {(m, w) for m in targets for w in ("lora_A", "lora_B")}  # no base
     from jaxrl_hf.models import Tokenizer
 
     ids = torch.tensor([Tokenizer.from_dir(export).apply_chat_template(PROMPT, add_generation_prompt=True,
@@ -61,14 +72,25 @@ def _check_peft_adapter(base: str, run_dir) -> None:
 
 
 def test_sft_lora_run_exports_a_peft_adapter(base_dir, tmp_path):
+    from jaxrl_hf.models.lora import LORA_TARGETS
+
     summary = _cli("train_sft").main(["--preset", "smoke", "--model", base_dir, "--train-limit", "4",
                                       "--batch-size", "1", *LORA_FLAGS, "--out", str(tmp_path / "sft")])
     assert summary["lora_rank"] == 4
-    _check_peft_adapter(base_dir, tmp_path / "sft")
+    _check_peft_adapter(base_dir, tmp_path / "sft", tuple(LORA_TARGETS))  # all-linear by default
 
 
 def test_dpo_lora_run_exports_a_peft_adapter(base_dir, tmp_path):
     summary = _cli("train_dpo").main(["--preset", "smoke", "--model", base_dir, "--train-limit", "2",
-                                      "--batch-size", "2", *LORA_FLAGS, "--out", str(tmp_path / "dpo")])
+                                      "--batch-size", "2", *LORA_FLAGS, "--target-modules", "v_proj,q_proj,down_proj",
+                                      "--out", str(tmp_path / "dpo")])
     assert summary["lora_rank"] == 4
-    _check_peft_adapter(base_dir, tmp_path / "dpo")
+    _check_peft_adapter(base_dir, tmp_path / "dpo", ("q_proj", "v_proj", "down_proj"))
+
+
+def test_bad_lora_options_name_the_flag(base_dir, tmp_path):
+    cli = _cli("train_sft")
+    for flags, needle in ((["--target-modules", "q_proj,lm_head"], "--target-modules: unknown module"),
+                          (["--lora-alpha", "0"], "--lora-alpha must be > 0")):
+        with pytest.raises(SystemExit, match=needle):
+            cli.main(["--preset", "smoke", "--lora-rank", "4", *flags, "--out", str(tmp_path / "bad")])

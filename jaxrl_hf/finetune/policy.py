@@ -92,11 +92,18 @@ def load_policy(model: str, seed: int = 0, dtype: str = "float32", remat: str = 
     return policy
 
 
-def lora_config(rank: int, alpha: float) -> lora.LoraConfig | None:
-    """``None`` for full fine-tuning (``rank == 0``), else adapters on every linear projection."""
+def lora_config(rank: int, alpha: float, target_modules: str | None = None) -> lora.LoraConfig | None:
+    """``None`` for full fine-tuning (``rank == 0``), else adapters on ``target_modules`` (``all-linear`` or HF module
+    names, comma-separated; ``None``: every linear projection). Bad values raise ``ValueError`` naming the option."""
     if rank < 0:
         raise ValueError(f"--lora-rank must be >= 0, got {rank}")
-    return lora.LoraConfig(rank=rank, alpha=alpha) if rank else None
+    if not rank:
+        return None
+    if not alpha > 0:
+        raise ValueError(f"--lora-alpha must be > 0, got {alpha}")
+    if target_modules is None:
+        return lora.LoraConfig(rank=rank, alpha=alpha)
+    return lora.LoraConfig(rank, alpha, lora.resolve_target_modules(target_modules, "--target-modules"))
 
 
 def split_trainable(params: Any, lora_cfg: lora.LoraConfig | None, seed: int) -> tuple[Any, Any]:
