@@ -164,7 +164,8 @@ def _load_cli():
 @pytest.mark.slow
 def test_smoke_run_learns_and_exports_for_transformers(tmp_path, smollm2_dir):
     """A tiny random model on 4 repeated GSM8K conversations: the loss falls below 0.8x its start, metrics.jsonl has
-    verl's keys, a second fresh run into the same OUT is refused, and OUT/hf loads in transformers with our logits."""
+    verl's keys, a second fresh run into the same OUT is refused, OUT/hf passes the RL run's model.path check and
+    loads in transformers with our logits."""
     import torch
     import transformers
 
@@ -178,12 +179,17 @@ def test_smoke_run_learns_and_exports_for_transformers(tmp_path, smollm2_dir):
     assert losses[-1] < 0.8 * losses[0], losses
     records = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
     assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]
-    assert {"train/loss", "train/lr", "train/grad_norm", "perf/tokens_per_s"} <= set(records[0])
+    assert {"train/loss", "train/lr", "train/grad_norm", "train/padding_ratio", "perf/tokens_per_s"} <= set(records[0])
     with pytest.raises(SystemExit, match="already holds a checkpoint"):
         cli.main(common)
 
     export = str(tmp_path / "run" / "hf")
-    ours = load_pretrained(export)
+    from jaxrl_hf.config.loader import load_config
+    from jaxrl_hf.config.validate_paths import path_problems
+
+    rl_config = load_config("grpo", overrides=[f"actor_rollout_ref.model.path={export}"])
+    assert rl_config.model.path == export and not [p for p in path_problems(rl_config) if p[0] == "model.path"]
+    ours = load_pretrained(export)  # what the RL actor loads its model.path with (workers.common)
     ids = np.asarray([ours.tokenizer.apply_chat_template(CONVERSATION, tokenize=True)])
     hf = transformers.AutoModelForCausalLM.from_pretrained(export, dtype=torch.float32).eval()
     with torch.no_grad():
