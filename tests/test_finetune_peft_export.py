@@ -83,8 +83,9 @@ def test_sft_lora_run_exports_a_peft_adapter(base_dir, tmp_path):
 def test_dpo_lora_run_exports_a_peft_adapter(base_dir, tmp_path):
     summary = _cli("train_dpo").main(["--preset", "smoke", "--model", base_dir, "--train-limit", "2",
                                       "--batch-size", "2", *LORA_FLAGS, "--target-modules", "v_proj,q_proj,down_proj",
-                                      "--out", str(tmp_path / "dpo")])
-    assert summary["lora_rank"] == 4
+                                      "--group-by-length", "--out", str(tmp_path / "dpo")])
+    assert summary["lora_rank"] == 4 and summary["group_by_length"]
+    assert all(0 <= h["train/padding_ratio"] < 1 for h in summary["history"])
     _check_peft_adapter(base_dir, tmp_path / "dpo", ("q_proj", "v_proj", "down_proj"))
 
 

@@ -241,6 +241,10 @@ def test_resume_continues_exactly_as_an_uninterrupted_run(tmp_path):
         np.testing.assert_allclose([h[key] for h in resumed], [h[key] for h in full[3:]], rtol=1e-5)
     logged = [json.loads(line) for line in open(tmp_path / "cut" / "metrics.jsonl")]
     assert [r["step"] for r in logged] == [1, 2, 3, 4, 5, 6] and logged[3]["train/loss"] == resumed[0]["train/loss"]
+    n_items = len(buffers["input_ids"])
+    with pytest.raises(ValueError, match="same --group-by-length"):
+        loop.start_state(loop.LoopSpec("sft", str(tmp_path / "cut"), 6, 2, n_items, 0, 3, resume=True,
+                                       lengths=(1,) * n_items), pol.init_state(params, optimizer))
     with pytest.raises(ValueError, match=r"is a 'sft' checkpoint over \d+ items; this run is 'dpo'"):
         loop.start_state(loop.LoopSpec("dpo", str(tmp_path / "cut"), 6, 2, 3, 0, 3, resume=True),
                          pol.init_state(params, optimizer))

@@ -153,19 +153,31 @@ def init_state(trainable: Any, optimizer: optax.GradientTransformation) -> Train
     return TrainState(jnp.zeros((), jnp.int32), trainable, optimizer.init(trainable))
 
 
+LENGTH_GROUP_BATCHES = 32
+"""With lengths: each epoch's permutation is cut into chunks of about this many batches, each sorted longest first."""
+
+
 @lru_cache(maxsize=64)
-def _epoch_order(seed: int, epoch: int, n: int) -> np.ndarray:
-    return np.random.default_rng([seed, epoch]).permutation(n)
+def _epoch_order(seed: int, epoch: int, n: int, lengths: tuple[int, ...] | None, batch_size: int) -> np.ndarray:
+    order = np.random.default_rng([seed, epoch]).permutation(n)
+    if lengths is None:
+        return order
+    size = np.asarray(lengths)
+    chunks = np.array_split(order, max(1, n // (LENGTH_GROUP_BATCHES * batch_size)))
+    return np.concatenate([chunk[np.argsort(-size[chunk], kind="stable")] for chunk in chunks])
 
 
-def batch_indices(step: int, batch_size: int, num_items: int, seed: int) -> list[int]:
+def batch_indices(step: int, batch_size: int, num_items: int, seed: int,
+                  lengths: tuple[int, ...] | None = None) -> list[int]:
     """Items of step ``step`` (0-based): positions ``step·B .. step·B + B - 1`` of the stream that visits every item
     once per epoch in the order ``permutation_seed,epoch`` (a pure function of the step, so a resumed run sees
-    exactly the batches an uninterrupted one would)."""
+    exactly the batches an uninterrupted one would). With the items' ``lengths`` (``--group-by-length``, as
+    HF Trainer's ``group_by_length``), each epoch's order is sorted by length within chunks of
+    `LENGTH_GROUP_BATCHES` batches, so a batch holds items of similar length and pads less."""
     out = []
     for k in range(step * batch_size, (step + 1) * batch_size):
         epoch, j = divmod(k, num_items)
-        out.append(int(_epoch_order(seed, epoch, num_items)[j]))
+        out.append(int(_epoch_order(seed, epoch, num_items, lengths, batch_size)[j]))
     return out
 
 
