@@ -1,8 +1,9 @@
 """Plot a run's learning curves: ``python launch/plot.py RUN_DIR [--out FILE]``.
 
 Reads ``RUN_DIR/metrics.jsonl`` (and ``validation.jsonl``) and draws four panels vs step: reward/accuracy
-(train score, train acc, validation acc per dataset), response length, entropy, pg_clipfrac; for an SFT / DPO run
-(``launch/train_sft.py``, ``train_dpo.py``): loss, DPO reward accuracy and margin (SFT: tokens/s), gradient norm, lr. Writes ``RUN_DIR/curves.png``
+(train score, train acc, validation acc per dataset), response length, entropy, pg_clipfrac; for an SFT / DPO / PRM
+run (``launch/train_sft.py``, ``train_dpo.py``, ``train_prm.py``): loss, DPO reward accuracy and margin (PRM: step
+accuracy; SFT: tokens/s), gradient norm, lr. Writes ``RUN_DIR/curves.png``
 with matplotlib's Agg backend (``--out`` may name another format matplotlib writes: ``.svg``, ``.pdf``).
 """
 
@@ -23,11 +24,12 @@ PANELS = [
 ]
 FINETUNE_PANELS = [
     ("loss", "loss", ["train/loss"]),
-    ("preference (DPO) / throughput (SFT)", "", ["rewards/accuracies", "rewards/margins", "perf/tokens_per_s"]),
+    ("accuracy (DPO, PRM) / throughput (SFT)", "",
+     ["rewards/accuracies", "rewards/margins", "train/step_accuracy", "perf/tokens_per_s"]),
     ("gradient norm", "global L2 norm", ["train/grad_norm"]),
     ("learning rate", "lr", ["train/lr"]),
 ]
-"""``launch/train_sft.py`` / ``train_dpo.py`` runs (no RL metrics): their own four panels."""
+"""``launch/train_sft.py`` / ``train_dpo.py`` / ``train_prm.py`` runs (no RL metrics): their own four panels."""
 LABELS = {"critic/score/mean": "train score", "critic/acc/mean": "train accuracy",
           "val:acc": "validation accuracy, mean over datasets", "response_length/mean": "train batch mean",
           "actor/entropy": "policy entropy (train batch)", "actor/pg_clipfrac": "PPO-clip fraction"}

@@ -11,7 +11,9 @@ Without ``--rows``, rows are built from GSM8K's solutions (train rows from ``tra
 ``test.jsonl``): every ``<<a*b=c>>`` is checked, and some solutions get one corrupted step as negatives. The loss is
 read only at each step's boundary token (`jaxrl_hf.rewards.prm_training`). The model, optimizer and output layout
 are ``launch/train_rm.py``'s; the output directory loads with
-``jaxrl_hf.rewards.prm_manager.load_process_reward_model`` (``reward_model.reward_manager=prm``).
+``jaxrl_hf.rewards.prm_manager.load_process_reward_model`` (``reward_model.reward_manager=prm``). Each step's
+``train/loss``, ``train/step_accuracy``, ``train/prob_good_steps``, ``train/prob_bad_steps``, ``train/grad_norm`` and
+``train/lr`` go to ``OUT/metrics.jsonl`` and TensorBoard (``OUT/tensorboard``); ``launch/plot.py OUT`` draws them.
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ from jaxrl_hf.rewards.prm_data import (STEP_TAG, EncodedSteps, encode_step_rows,
                                        make_step_batch, read_step_rows)
 from jaxrl_hf.rewards.prm_training import make_prm_train_step, prm_loss  # noqa: E402
 from jaxrl_hf.rewards.rm_io import save_reward_model  # noqa: E402
-from jaxrl_hf.rewards.rm_training import RMOptimConfig, init_train_state, make_optimizer  # noqa: E402
+from jaxrl_hf.rewards.rm_training import RMOptimConfig, init_train_state, make_optimizer, warmup_schedule  # noqa: E402
+from jaxrl_hf.trainer.logging import MetricLogger  # noqa: E402
 
 
 def _train_rm() -> Any:
@@ -105,6 +108,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     optimizer = make_optimizer(optim_cfg, backbone.params)
     state = init_train_state(backbone.params, optimizer)
     step_fn = make_prm_train_step(config, optimizer)
+    lr_at = warmup_schedule(optim_cfg.lr, optim_cfg.warmup_steps)  # the backbone's; the head's is x multiplier
+    logger = MetricLogger(args.out, ["jsonl", "tensorboard"])
     rng = np.random.default_rng(args.seed)
     order: list[int] = []
     history = []
@@ -116,9 +121,12 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         state, metrics = step_fn(state, {k: jnp.asarray(v) for k, v in batch.items()})
         metrics = {k: float(v) for k, v in jax.device_get(metrics).items()} | {"step": step + 1}
         history.append(metrics)
+        logger.log(step + 1, {f"train/{k}": v for k, v in metrics.items() if k != "step"}
+                   | {"train/lr": float(lr_at(step))})
         print(f"[train_prm] step {step + 1:4d}/{args.steps} loss {metrics['loss']:.4f} "
               f"step-acc {metrics['step_accuracy']:.3f} p(good) {metrics['prob_good_steps']:.3f} "
               f"p(bad) {metrics['prob_bad_steps']:.3f}", flush=True)
+    logger.close()
     after = ev(state.params)
     print(f"[train_prm] held-out step BCE {before['loss']:.4f} -> {after['loss']:.4f}, step accuracy "
           f"{before['step_accuracy']:.3f} -> {after['step_accuracy']:.3f}", flush=True)

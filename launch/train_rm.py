@@ -167,9 +167,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     train_enc = _encode(train_pairs, backbone, eos, args.max_length, "train")
     held_enc = _encode(held_pairs, backbone, eos, args.max_length, "held-out")
     train_eval_idx = list(range(min(len(train_enc), args.train_eval_size)))
-    train_eval_enc = EncodedPairs([train_enc.chosen[i] for i in train_eval_idx],
-                                  [train_enc.rejected[i] for i in train_eval_idx],
-                                  [train_enc.kept_rows[i] for i in train_eval_idx], 0)
+    train_eval_enc = train_enc.subset(train_eval_idx)
 
     score_fn = make_score_fn(config)
     ev = lambda params, enc: evaluate(score_fn, params, enc, args.eval_batch_size, pad, args.max_length)  # noqa: E731

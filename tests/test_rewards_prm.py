@@ -112,6 +112,21 @@ def test_smoke_preset_trains_and_prm_loss_falls(smoke_prm):
     assert last < 0.8 * first, (first, last)
 
 
+def test_smoke_run_logs_metrics_to_jsonl_tensorboard_and_the_plot(smoke_prm):
+    out, meta = smoke_prm
+    records = [json.loads(line) for line in open(out / "metrics.jsonl")]
+    assert [r["step"] for r in records] == [1, 2, 3]
+    assert {"train/loss", "train/step_accuracy", "train/prob_good_steps", "train/prob_bad_steps", "train/grad_norm",
+            "train/lr"} <= set(records[0])
+    assert [r["train/loss"] for r in records] == pytest.approx([h["loss"] for h in meta["history"]])
+    assert records[0]["train/lr"] == pytest.approx(3e-4)  # the smoke preset's lr, no warm-up
+    assert (out / "tensorboard").is_dir()
+    plot = importlib.util.spec_from_file_location("_plot", os.path.join(REPO, "launch", "plot.py"))
+    module = importlib.util.module_from_spec(plot)
+    plot.loader.exec_module(module)
+    assert module.main([str(out)]) == 0 and (out / "curves.png").stat().st_size > 10_000
+
+
 def test_prm_manager_adds_aggregated_step_scores(smoke_prm):
     out, _ = smoke_prm
     prm = load_process_reward_model(str(out))

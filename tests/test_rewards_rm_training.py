@@ -40,12 +40,13 @@ def _value_params(config: DecoderConfig, seed: int = 0, head_std: float = 0.5):
 
 def _random_pairs(rng: np.random.Generator, n: int, vocab: int) -> EncodedPairs:
     """Pairs with a shared random prompt and different random responses of different lengths."""
-    chosen, rejected = [], []
+    chosen, rejected, prompt_lengths = [], [], []
     for _ in range(n):
         prompt = rng.integers(3, vocab, rng.integers(3, 9)).tolist()
+        prompt_lengths.append(len(prompt))
         chosen.append(prompt + rng.integers(3, vocab, rng.integers(2, 12)).tolist() + [2])
         rejected.append(prompt + rng.integers(3, vocab, rng.integers(2, 12)).tolist() + [2])
-    return EncodedPairs(chosen, rejected, [("<random>", i + 1) for i in range(n)], 0)
+    return EncodedPairs(chosen, rejected, prompt_lengths, [("<random>", i + 1) for i in range(n)], 0)
 
 
 @pytest.fixture(scope="module")

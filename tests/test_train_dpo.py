@@ -15,10 +15,10 @@ import pytest
 
 from jaxrl_hf.algos.preference import preference_loss, sequence_log_probs, token_mean_nll
 from jaxrl_hf.data.gsm8k import default_gsm8k_dir, preference_pairs
-from jaxrl_hf.finetune.dpo_data import encode_preferences, preference_batch
+from jaxrl_hf.finetune.dpo_data import preference_batch
 from jaxrl_hf.finetune.steps import dpo_loss
 from jaxrl_hf.models import DecoderConfig, Tokenizer, init_params, save_hf_dir
-from jaxrl_hf.rewards.rm_data import pairs_from_rows
+from jaxrl_hf.rewards.rm_data import encode_pairs, pairs_from_rows
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -85,7 +85,7 @@ def smollm2_dir() -> str:
 def gsm8k_encoded(smollm2_dir):
     tokenizer = Tokenizer.from_dir(smollm2_dir)
     rows = preference_pairs(os.path.join(default_gsm8k_dir(), "train.jsonl"), seed=0, limit=3)
-    return tokenizer, rows, encode_preferences(pairs_from_rows(rows), tokenizer, tokenizer.eos_token_id, 512)
+    return tokenizer, rows, encode_pairs(pairs_from_rows(rows), tokenizer, tokenizer.eos_token_id, 512)
 
 
 def test_batch_scores_exactly_the_response_tokens(gsm8k_encoded):
@@ -96,6 +96,28 @@ def test_batch_scores_exactly_the_response_tokens(gsm8k_encoded):
         row = j if side == "chosen" else j - 2 + 3
         scored = batch["targets"][row][batch["loss_mask"][row] > 0]
         assert tokenizer.decode(scored, skip_special_tokens=False) == rows[pair][side] + "<|im_end|>"
+
+
+def test_length_grouped_batches_visit_every_pair_once_per_epoch_and_pad_less():
+    """``--group-by-length``: each epoch is still a permutation (a pure function of the step), and batches of
+    similar lengths waste fewer padded slots than shuffled ones."""
+    from jaxrl_hf.finetune.policy import batch_indices
+
+    lengths = tuple(int(x) for x in np.random.default_rng(0).integers(40, 500, 600))
+    n, b = len(lengths), 4
+
+    def epoch(grouped):
+        return [i for s in range(n // b) for i in batch_indices(s, b, n, 7, lengths if grouped else None)]
+
+    def padding(order):
+        batches = np.asarray(lengths)[np.asarray(order)].reshape(-1, b)
+        return 1 - batches.sum() / (b * batches.max(1)).sum()
+
+    grouped = epoch(True)
+    assert sorted(grouped) == list(range(n)) and grouped == epoch(True) and grouped != epoch(False)
+    assert padding(grouped) < 0.5 * padding(epoch(False)), (padding(grouped), padding(epoch(False)))
+    second = [i for s in range(n // b, 2 * n // b) for i in batch_indices(s, b, n, 7, lengths)]
+    assert sorted(second) == list(range(n)) and second != grouped  # a fresh order each epoch
 
 
 def _tiny_lm(vocab: int) -> DecoderConfig:

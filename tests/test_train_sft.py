@@ -164,7 +164,8 @@ def _load_cli():
 @pytest.mark.slow
 def test_smoke_run_learns_and_exports_for_transformers(tmp_path, smollm2_dir):
     """A tiny random model on 4 repeated GSM8K conversations: the loss falls below 0.8x its start, metrics.jsonl has
-    verl's keys, a second fresh run into the same OUT is refused, and OUT/hf loads in transformers with our logits."""
+    verl's keys, a second fresh run into the same OUT is refused, OUT/hf passes the RL run's model.path check and
+    loads in transformers with our logits."""
     import torch
     import transformers
 
@@ -178,12 +179,17 @@ def test_smoke_run_learns_and_exports_for_transformers(tmp_path, smollm2_dir):
     assert losses[-1] < 0.8 * losses[0], losses
     records = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
     assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]
-    assert {"train/loss", "train/lr", "train/grad_norm", "perf/tokens_per_s"} <= set(records[0])
+    assert {"train/loss", "train/lr", "train/grad_norm", "train/padding_ratio", "perf/tokens_per_s"} <= set(records[0])
     with pytest.raises(SystemExit, match="already holds a checkpoint"):
         cli.main(common)
 
     export = str(tmp_path / "run" / "hf")
-    ours = load_pretrained(export)
+    from jaxrl_hf.config.loader import load_config
+    from jaxrl_hf.config.validate_paths import path_problems
+
+    rl_config = load_config("grpo", overrides=[f"actor_rollout_ref.model.path={export}"])
+    assert rl_config.model.path == export and not [p for p in path_problems(rl_config) if p[0] == "model.path"]
+    ours = load_pretrained(export)  # what the RL actor loads its model.path with (workers.common)
     ids = np.asarray([ours.tokenizer.apply_chat_template(CONVERSATION, tokenize=True)])
     hf = transformers.AutoModelForCausalLM.from_pretrained(export, dtype=torch.float32).eval()
     with torch.no_grad():
@@ -223,6 +229,9 @@ def test_resume_continues_exactly_as_an_uninterrupted_run(tmp_path):
 
     params = init_params(config, 0)
     full = run(tmp_path / "full", 6, False, params)
+    for h in full:  # the computed slots that hold no token: the packed buffers' unused tails
+        used = buffers["segment_ids"][pol.batch_indices(h["step"] - 1, 2, len(buffers["input_ids"]), 0)] > 0
+        assert h["train/padding_ratio"] == pytest.approx(1 - used.mean()) and 0 <= h["train/padding_ratio"] < 1
     run(tmp_path / "cut", 3, False, params)
     with open(tmp_path / "cut" / "metrics.jsonl", "a") as fh:  # a step logged after the checkpoint, then a crash
         fh.write(json.dumps({"step": 4, "train/loss": 0.0}) + "\n")
@@ -232,6 +241,10 @@ def test_resume_continues_exactly_as_an_uninterrupted_run(tmp_path):
         np.testing.assert_allclose([h[key] for h in resumed], [h[key] for h in full[3:]], rtol=1e-5)
     logged = [json.loads(line) for line in open(tmp_path / "cut" / "metrics.jsonl")]
     assert [r["step"] for r in logged] == [1, 2, 3, 4, 5, 6] and logged[3]["train/loss"] == resumed[0]["train/loss"]
+    n_items = len(buffers["input_ids"])
+    with pytest.raises(ValueError, match="same --group-by-length"):
+        loop.start_state(loop.LoopSpec("sft", str(tmp_path / "cut"), 6, 2, n_items, 0, 3, resume=True,
+                                       lengths=(1,) * n_items), pol.init_state(params, optimizer))
     with pytest.raises(ValueError, match=r"is a 'sft' checkpoint over \d+ items; this run is 'dpo'"):
         loop.start_state(loop.LoopSpec("dpo", str(tmp_path / "cut"), 6, 2, 3, 0, 3, resume=True),
                          pol.init_state(params, optimizer))

@@ -86,12 +86,15 @@ def test_lora_trains_only_adapters_and_rollout_serves_merged_weights(worker, tmp
         np.testing.assert_array_equal(x, y)
     export = worker.export_hf(str(tmp_path / "hf"))
     import os
-    assert os.path.isfile(os.path.join(export, "lora_adapter", "adapter_model.safetensors"))
+
+    from jaxrl_hf.workers.checkpoint import LORA_ADAPTER_DIR
+    assert os.path.isfile(os.path.join(export, LORA_ADAPTER_DIR, "adapter_model.safetensors"))
 
 
 def test_offline_export_merges_the_checkpointed_adapters_into_the_base(worker, tmp_path):
     """launch/export_hf.py on a LoRA run's checkpoint (adapters only on disk): the base from the run's config.yaml
-    plus the adapters, merged, equals what the worker itself exports (trainer.export_hf), tensor for tensor."""
+    plus the adapters, merged, equals what the worker itself exports (trainer.export_hf), tensor for tensor, and the
+    PEFT adapter dir beside it is byte-identical."""
     import os
 
     from safetensors.numpy import load_file
@@ -118,3 +121,8 @@ def test_offline_export_merges_the_checkpointed_adapters_into_the_base(worker, t
         assert np.abs(mine[name] - base[name]).max() > 1e-4, name  # the adapters' delta is in the export
     np.testing.assert_array_equal(mine["model.layers.0.self_attn.k_proj.weight"],  # an untargeted module: the base
                                   base["model.layers.0.self_attn.k_proj.weight"])
+    from jaxrl_hf.workers.checkpoint import LORA_ADAPTER_DIR
+    for file in ("adapter_config.json", "adapter_model.safetensors"):  # the adapters alone too, as the worker's
+        with open(os.path.join(offline, LORA_ADAPTER_DIR, file), "rb") as a, \
+                open(os.path.join(online, LORA_ADAPTER_DIR, file), "rb") as b:
+            assert a.read() == b.read(), file

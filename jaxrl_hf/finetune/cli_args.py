@@ -24,6 +24,8 @@ def add_training_args(p: argparse.ArgumentParser, *, steps: int, batch_help: str
     p.add_argument("--max-grad-norm", type=float, default=1.0)
     p.add_argument("--lora-rank", type=int, default=0, help="> 0: train LoRA adapters only, base frozen")
     p.add_argument("--lora-alpha", type=float, default=16.0)
+    p.add_argument("--target-modules", default=None,
+                   help="LoRA targets: 'all-linear' (default) or HF module names, e.g. q_proj,v_proj (verl's key)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="compute dtype")
     p.add_argument("--remat", choices=("none", "full", "dots", "dots_no_batch"), default="full")

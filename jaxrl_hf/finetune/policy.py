@@ -3,12 +3,15 @@ warm-up + cosine schedule, the train state, the data order, checkpoints and the 
 
 * ``--model tiny``: a 2-layer random decoder over SmolLM2's tokenizer (smoke runs, CI), as ``launch/train_rm.py``.
 * LoRA (``lora_rank > 0``, Hu et al. 2021 via `jaxrl_hf.models.lora`): the base is frozen (no gradients, no
-  optimizer state), only the adapters train; the export merges them into the base weights.
+  optimizer state), only the adapters train; the export merges them into the base weights and also writes the
+  adapters alone in PEFT's format as ``OUT/hf/lora_adapter`` (as the RL actor's export does).
 * Checkpoint (``OUT/checkpoint``): orbax state ``{step, trainable, opt_state}`` + ``worker.json``, written to a
   temporary directory and renamed into place (`jaxrl_hf.workers.checkpoint.save_state`).
 * Export (``OUT/hf``): ``config.json`` + ``model.safetensors`` + tokenizer files, the layout
   `jaxrl_hf.models.pretrained.load_pretrained` and ``transformers`` read, so it can be the RL actor's
-  ``model.path``; also atomic (`jaxrl_hf.workers.checkpoint.export_hf_dir`).
+  ``model.path``; also atomic (`jaxrl_hf.workers.checkpoint.export_hf_dir`). ``OUT/hf/lora_adapter``
+  (``adapter_config.json`` + ``adapter_model.safetensors``, `jaxrl_hf.models.lora_peft`) loads with
+  ``peft.PeftModel.from_pretrained(base, OUT/hf/lora_adapter)`` on the base model the run started from.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import optax
 
 from jaxrl_hf.models import DecoderConfig, Tokenizer, init_params, load_pretrained
 from jaxrl_hf.models import lora
+from jaxrl_hf.models.lora_peft import save_peft_adapter
 from jaxrl_hf.models.pretrained import resolve_hf_dir
 from jaxrl_hf.workers.checkpoint import export_hf_dir, read_metadata, restore_state, save_state
 
@@ -35,13 +39,15 @@ EXPORT_DIR = "hf"
 
 @dataclass
 class Policy:
-    """Decoder config, float32 params, tokenizer, and the directory its tokenizer files come from."""
+    """Decoder config, float32 params, tokenizer, the directory its tokenizer files come from, and the HF directory
+    holding exactly these base weights (``None``: random ``tiny``, or layers cut by ``num_layers``)."""
 
     name: str
     config: DecoderConfig
     params: Any
     tokenizer: Tokenizer
     tokenizer_dir: str
+    base_dir: str | None = None
 
     @property
     def eos_id(self) -> int:
@@ -74,7 +80,7 @@ def load_policy(model: str, seed: int = 0, dtype: str = "float32", remat: str = 
         policy = Policy("tiny", config, init_params(config, seed), tokenizer, tok_dir)
     else:
         lm = load_pretrained(model, dtype=dtype, remat=remat)
-        policy = Policy(model, lm.config, lm.params, lm.tokenizer, lm.path)
+        policy = Policy(model, lm.config, lm.params, lm.tokenizer, lm.path, base_dir=lm.path)
     if num_layers is not None:
         if not 1 <= num_layers <= policy.config.num_hidden_layers:
             raise ValueError(f"--num-layers {num_layers} must be in 1..{policy.config.num_hidden_layers}")
@@ -82,14 +88,22 @@ def load_policy(model: str, seed: int = 0, dtype: str = "float32", remat: str = 
         body["layers"] = jax.tree.map(lambda x: x[:num_layers], body["layers"])
         policy.params = {**policy.params, "model": body}
         policy.config = policy.config.replace(num_hidden_layers=num_layers)
+        policy.base_dir = None  # no directory holds the cut model
     return policy
 
 
-def lora_config(rank: int, alpha: float) -> lora.LoraConfig | None:
-    """``None`` for full fine-tuning (``rank == 0``), else adapters on every linear projection."""
+def lora_config(rank: int, alpha: float, target_modules: str | None = None) -> lora.LoraConfig | None:
+    """``None`` for full fine-tuning (``rank == 0``), else adapters on ``target_modules`` (``all-linear`` or HF module
+    names, comma-separated; ``None``: every linear projection). Bad values raise ``ValueError`` naming the option."""
     if rank < 0:
         raise ValueError(f"--lora-rank must be >= 0, got {rank}")
-    return lora.LoraConfig(rank=rank, alpha=alpha) if rank else None
+    if not rank:
+        return None
+    if not alpha > 0:
+        raise ValueError(f"--lora-alpha must be > 0, got {alpha}")
+    if target_modules is None:
+        return lora.LoraConfig(rank=rank, alpha=alpha)
+    return lora.LoraConfig(rank, alpha, lora.resolve_target_modules(target_modules, "--target-modules"))
 
 
 def split_trainable(params: Any, lora_cfg: lora.LoraConfig | None, seed: int) -> tuple[Any, Any]:
@@ -139,19 +153,31 @@ def init_state(trainable: Any, optimizer: optax.GradientTransformation) -> Train
     return TrainState(jnp.zeros((), jnp.int32), trainable, optimizer.init(trainable))
 
 
+LENGTH_GROUP_BATCHES = 32
+"""With lengths: each epoch's permutation is cut into chunks of about this many batches, each sorted longest first."""
+
+
 @lru_cache(maxsize=64)
-def _epoch_order(seed: int, epoch: int, n: int) -> np.ndarray:
-    return np.random.default_rng([seed, epoch]).permutation(n)
+def _epoch_order(seed: int, epoch: int, n: int, lengths: tuple[int, ...] | None, batch_size: int) -> np.ndarray:
+    order = np.random.default_rng([seed, epoch]).permutation(n)
+    if lengths is None:
+        return order
+    size = np.asarray(lengths)
+    chunks = np.array_split(order, max(1, n // (LENGTH_GROUP_BATCHES * batch_size)))
+    return np.concatenate([chunk[np.argsort(-size[chunk], kind="stable")] for chunk in chunks])
 
 
-def batch_indices(step: int, batch_size: int, num_items: int, seed: int) -> list[int]:
+def batch_indices(step: int, batch_size: int, num_items: int, seed: int,
+                  lengths: tuple[int, ...] | None = None) -> list[int]:
     """Items of step ``step`` (0-based): positions ``step·B .. step·B + B - 1`` of the stream that visits every item
     once per epoch in the order ``permutation_seed,epoch`` (a pure function of the step, so a resumed run sees
-    exactly the batches an uninterrupted one would)."""
+    exactly the batches an uninterrupted one would). With the items' ``lengths`` (``--group-by-length``, as
+    HF Trainer's ``group_by_length``), each epoch's order is sorted by length within chunks of
+    `LENGTH_GROUP_BATCHES` batches, so a batch holds items of similar length and pads less."""
     out = []
     for k in range(step * batch_size, (step + 1) * batch_size):
         epoch, j = divmod(k, num_items)
-        out.append(int(_epoch_order(seed, epoch, num_items)[j]))
+        out.append(int(_epoch_order(seed, epoch, num_items, lengths, batch_size)[j]))
     return out
 
 
@@ -171,7 +197,11 @@ def restore_checkpoint(out_dir: str, like: TrainState) -> tuple[TrainState, dict
 
 def export_policy(out_dir: str, state: TrainState, frozen: Any, lora_cfg: lora.LoraConfig | None,
                   policy: Policy) -> str:
-    """``OUT/hf``: the trained model (LoRA merged) in float32 as an HF directory with the tokenizer files."""
-    params = state.trainable if lora_cfg is None else lora.merge_lora(frozen, state.trainable, lora_cfg)
+    """``OUT/hf``: the trained model (LoRA merged) in float32 as an HF directory with the tokenizer files; with LoRA
+    also ``OUT/hf/lora_adapter``, the adapters alone in PEFT's format (module docstring)."""
+    params, save_adapters = state.trainable, None
+    if lora_cfg is not None:
+        params = lora.merge_lora(frozen, state.trainable, lora_cfg)
+        save_adapters = lambda path: save_peft_adapter(path, state.trainable, lora_cfg, policy.base_dir)  # noqa: E731
     return export_hf_dir(os.path.join(out_dir, EXPORT_DIR), params, policy.config.replace(dtype="float32"),
-                         policy.tokenizer_dir, dtype="float32")  # the next stage's model.path, at full precision
+                         policy.tokenizer_dir, save_adapters, dtype="float32")  # the next stage's model.path

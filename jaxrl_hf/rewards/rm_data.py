@@ -114,44 +114,63 @@ def write_pairs(pairs: Sequence[Mapping[str, Any]], path: str | os.PathLike) -> 
 
 # --- tokenisation ------------------------------------------------------------------------------------
 
-def encode_sequence(tokenizer: Any, messages: Sequence[Mapping[str, Any]], response: str, eos_id: int) -> list[int]:
-    """``chat_template(messages, add_generation_prompt=True) + response + [eos]`` as token ids."""
-    prompt_ids = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True)
+def encode_prompt(tokenizer: Any, messages: Sequence[Mapping[str, Any]]) -> list[int]:
+    """``chat_template(messages, add_generation_prompt=True)`` as token ids."""
+    return list(tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True))
+
+
+def encode_response(tokenizer: Any, response: str, eos_id: int) -> list[int]:
+    """``response`` as token ids, ending in ``eos_id`` (added unless the text already ends with it)."""
     response_ids = tokenizer.encode(response)
     if not response_ids or response_ids[-1] != eos_id:
         response_ids = [*response_ids, eos_id]
-    return [*prompt_ids, *response_ids]
+    return list(response_ids)
+
+
+def encode_sequence(tokenizer: Any, messages: Sequence[Mapping[str, Any]], response: str, eos_id: int) -> list[int]:
+    """``chat_template(messages, add_generation_prompt=True) + response + [eos]`` as token ids."""
+    return [*encode_prompt(tokenizer, messages), *encode_response(tokenizer, response, eos_id)]
 
 
 @dataclass(frozen=True)
 class EncodedPairs:
-    """Token ids of the kept pairs plus a count of those dropped for exceeding ``max_length``."""
+    """Token ids of the kept pairs, the length of each pair's prompt (its response starts there, in both
+    sequences), where each came from, and a count of those dropped for exceeding ``max_length``."""
 
     chosen: list[list[int]]
     rejected: list[list[int]]
+    prompt_lengths: list[int]
     kept_rows: list[tuple[str, int]]
     dropped_too_long: int
 
     def __len__(self) -> int:
         return len(self.chosen)
 
+    def subset(self, indices: Sequence[int]) -> "EncodedPairs":
+        """The pairs ``indices`` (in that order), none counted as dropped."""
+        return EncodedPairs([self.chosen[i] for i in indices], [self.rejected[i] for i in indices],
+                            [self.prompt_lengths[i] for i in indices], [self.kept_rows[i] for i in indices], 0)
+
 
 def encode_pairs(pairs: Sequence[PreferencePair], tokenizer: Any, eos_id: int, max_length: int) -> EncodedPairs:
-    """Tokenise every pair; a pair whose chosen or rejected sequence is longer than ``max_length`` is
-    dropped (never truncated: cutting the prompt would hide the question the answer is judged against)."""
+    """Tokenise every pair (`encode_sequence` layout, the prompt rendered once); a pair whose chosen or rejected
+    sequence is longer than ``max_length`` is dropped (never truncated: cutting the prompt would hide the question
+    the answer is judged against)."""
     if max_length < 2:
         raise ValueError(f"max_length must be >= 2, got {max_length}")
-    chosen, rejected, kept, dropped = [], [], [], 0
+    chosen, rejected, prompt_lengths, kept, dropped = [], [], [], [], 0
     for pair in pairs:
-        c = encode_sequence(tokenizer, pair.prompt, pair.chosen, eos_id)
-        r = encode_sequence(tokenizer, pair.prompt, pair.rejected, eos_id)
+        prompt = encode_prompt(tokenizer, pair.prompt)
+        c = [*prompt, *encode_response(tokenizer, pair.chosen, eos_id)]
+        r = [*prompt, *encode_response(tokenizer, pair.rejected, eos_id)]
         if len(c) > max_length or len(r) > max_length:
             dropped += 1
             continue
         chosen.append(c)
         rejected.append(r)
+        prompt_lengths.append(len(prompt))
         kept.append((pair.source, pair.row))
-    return EncodedPairs(chosen, rejected, kept, dropped)
+    return EncodedPairs(chosen, rejected, prompt_lengths, kept, dropped)
 
 
 def pad_right(sequences: Sequence[Sequence[int]], length: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:

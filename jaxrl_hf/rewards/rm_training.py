@@ -85,13 +85,18 @@ def _matrices(params: Any) -> Any:
     return jax.tree.map(lambda x: x.ndim >= 2, params)
 
 
+def warmup_schedule(lr: float, warmup_steps: int) -> optax.Schedule:
+    """The learning rate of update ``k`` (0-based): ``lr · k / warmup_steps`` during the warm-up, then ``lr``."""
+    return optax.linear_schedule(0.0, lr, warmup_steps) if warmup_steps else optax.constant_schedule(lr)
+
+
 def make_optimizer(cfg: RMOptimConfig, params: Params) -> optax.GradientTransformation:
     """``clip_by_global_norm`` then AdamW with linear warm-up; the head gets ``head_lr_multiplier`` x lr
     and no weight decay; in the backbone only matrices are decayed."""
 
     def adamw(lr: float, weight_decay: float) -> optax.GradientTransformation:
-        schedule = optax.linear_schedule(0.0, lr, cfg.warmup_steps) if cfg.warmup_steps else lr
-        return optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, weight_decay=weight_decay, mask=_matrices)
+        return optax.adamw(warmup_schedule(lr, cfg.warmup_steps), b1=cfg.b1, b2=cfg.b2, weight_decay=weight_decay,
+                           mask=_matrices)
 
     labels = {k: jax.tree.map(lambda _: "head" if k == "score" else "backbone", v) for k, v in params.items()}
     return optax.chain(

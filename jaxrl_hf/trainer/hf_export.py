@@ -4,8 +4,9 @@ workers (``launch/export_hf.py``, console script ``jaxrl-hf-export-hf``).
 ``CHECKPOINT_DIR`` may be a run directory (its newest checkpoint whose files match their completion marker), a
 checkpoint directory holding ``global_step_N/`` folders, one ``global_step_N/`` or its ``actor/`` part. Only the
 params are read from the orbax state (`jaxrl_hf.workers.checkpoint.read_params`); a LoRA checkpoint (adapters
-only) is merged into its base model (``model.path`` of the run's ``config.yaml``) first. The output is what
-``trainer.export_hf`` writes at the end of a run (`jaxrl_hf.models.hf_export`).
+only) is merged into its base model (``model.path`` of the run's ``config.yaml``) first, and the adapters alone
+also go to ``OUT/lora_adapter`` in PEFT's format. The output is what ``trainer.export_hf`` writes at the end of a
+run (`jaxrl_hf.models.hf_export`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Any
+from typing import Any, Callable
 
 from jaxrl_hf.errors import ExitCode, RunError
 from jaxrl_hf.trainer.checkpointing import MARKER_FILE, STATE_FILE, CheckpointManager, verify
@@ -91,20 +92,22 @@ def run_config_of(actor_dir: str) -> Any:
         return None
 
 
-def _merge_lora_base(adapters: Any, run_config: Any, actor_dir: str) -> Any:
-    """Base params (``model.path`` of the run) with the LoRA delta ``W + (alpha/r) B A`` of ``adapters`` merged."""
+def _merge_lora_base(adapters: Any, run_config: Any, actor_dir: str) -> tuple[Any, Callable[[str], str]]:
+    """Base params (``model.path`` of the run) with the LoRA delta ``W + (alpha/r) B A`` of ``adapters`` merged, and
+    the writer of the adapters alone in PEFT's format (`jaxrl_hf.models.lora_peft.save_peft_adapter`)."""
     import jax
     import numpy as np
 
     from jaxrl_hf.models.lora import lora_config_from_model, merge_lora
+    from jaxrl_hf.models.lora_peft import save_peft_adapter
     from jaxrl_hf.workers.common import load_model
 
     if run_config is None or lora_config_from_model(run_config.model) is None:
         raise ExportError(f"{actor_dir} holds LoRA adapters, but no {CONFIG_FILE} with model.lora_rank > 0 was found "
                           f"three levels up (the run directory) to name the base model")
-    base = load_model(run_config.model).params
-    merged = merge_lora(base, adapters, lora_config_from_model(run_config.model))
-    return jax.tree.map(np.asarray, merged)
+    lora_cfg, base = lora_config_from_model(run_config.model), load_model(run_config.model)
+    merged = jax.tree.map(np.asarray, merge_lora(base.params, adapters, lora_cfg))
+    return merged, lambda path: save_peft_adapter(path, adapters, lora_cfg, base.path)  # base.path: as the worker
 
 
 def export_checkpoint(checkpoint: str, out: str, dtype: str = "bfloat16", max_shard_size: int | str = "5GB") -> str:
@@ -130,10 +133,12 @@ def export_checkpoint(checkpoint: str, out: str, dtype: str = "bfloat16", max_sh
         except (ValueError, FileNotFoundError, RuntimeError) as err:
             raise ExportError(f"{actor}: the tokenizer files come from the run's model.path={model_path!r}, which "
                               f"cannot be found now ({err})") from None
-    if "model" not in params:
-        params = _merge_lora_base(params, run_config, actor)
+    save_adapters = None
+    if "model" not in params:  # a LoRA checkpoint: adapters only
+        params, save_adapters = _merge_lora_base(params, run_config, actor)
     config = DecoderConfig.from_hf_dict(meta["model_config"])
-    return worker_ckpt.export_hf_dir(out, params, config, tokenizer_dir, dtype=dtype, max_shard_size=max_shard_size)
+    return worker_ckpt.export_hf_dir(out, params, config, tokenizer_dir, save_adapters, dtype=dtype,
+                                     max_shard_size=max_shard_size)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -26,6 +26,7 @@ from jaxrl_hf.models.hf_export import export_dtype, parse_shard_size, write_hf_m
 FORMAT_VERSION = 1
 STATE_DIR = "state"
 META_FILE = "worker.json"
+LORA_ADAPTER_DIR = "lora_adapter"  # inside an HF export: the LoRA adapters alone, in PEFT's format
 
 
 def _sync(name: str) -> None:
@@ -136,7 +137,7 @@ def export_hf_dir(path: str, params: Any, model_config: Any, tokenizer_dir: str 
     """Write ``params`` (gathered to the host) as an HF model directory at ``path``
     (`jaxrl_hf.models.hf_export.write_hf_model_dir`: ``dtype`` safetensors in shards of ``max_shard_size``,
     config, generation config, the tokenizer files of ``tokenizer_dir``) and, with ``save_adapters(dir)``, a
-    ``lora_adapter/`` beside them; atomically (a temporary directory renamed into place). Every process calls
+    ``lora_adapter/`` (`LORA_ADAPTER_DIR`) beside them; atomically (a temporary directory renamed into place). Every process calls
     it; process 0 writes."""
     export_dtype(dtype, "trainer.export_hf_dtype")  # a bad value fails before the gather
     parse_shard_size(max_shard_size, "trainer.export_hf_max_shard_size")
@@ -148,7 +149,7 @@ def export_hf_dir(path: str, params: Any, model_config: Any, tokenizer_dir: str 
         shutil.rmtree(tmp, ignore_errors=True)
         write_hf_model_dir(tmp, host, model_config, tokenizer_dir, dtype, max_shard_size)
         if save_adapters is not None:
-            save_adapters(os.path.join(tmp, "lora_adapter"))
+            save_adapters(os.path.join(tmp, LORA_ADAPTER_DIR))
         if os.path.exists(path):
             shutil.rmtree(path)
         os.rename(tmp, path)
