@@ -5,12 +5,23 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
+DEFAULT_TOTAL_STEPS = 30
+"""The run length when neither ``trainer.total_steps`` nor ``trainer.total_epochs`` is given."""
+
 
 @dataclass
 class TrainerConfig:
     """The loop: steps, validation, checkpoints, logging."""
 
-    total_steps: int = 30
+    total_steps: Optional[int] = None
+    """Training steps of the run (verl's ``trainer.total_training_steps``); it wins over ``total_epochs``, as in
+    verl. Null: ``total_epochs`` × steps per epoch when ``total_epochs`` is set (computed at start, when the
+    training data is read), else `DEFAULT_TOTAL_STEPS`."""
+    total_epochs: Optional[int] = None
+    """verl's run length in passes over the training set: ``total_steps = total_epochs × (rows after filtering
+    // rows per step)`` (the loader drops a short last batch, as verl's ``drop_last`` dataloader; rows per step is
+    ``data.train_batch_size``, ``data.gen_batch_size`` under DAPO's dynamic sampling). Used only when
+    ``total_steps`` is null (``jaxrl_hf.config.run_length``)."""
     seed: int = 0
     run_dir: Optional[str] = None
     """Default: ``runs/<experiment_name>``."""

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from jaxrl_hf.config import ConfigError, dump_config, load_config
+from jaxrl_hf.config.run_length import rows_per_step, with_run_length
 from jaxrl_hf.config.schema import RunConfig
 from jaxrl_hf.controller import Batch, set_call_timeout
 from jaxrl_hf.errors import ExitCode
@@ -72,9 +73,10 @@ class RLTrainer:
         self.tokenizer = load_tokenizer(c.model.path)
         train = load_split(c, "train", self.tokenizer)
         rows = [row for rows in train.values() for row in rows]
-        per_round = c.data.gen_batch_size if (c.algo == "dapo" and c.algorithm.filter_groups.enable) else c.data.train_batch_size
+        per_round = rows_per_step(c)
         if per_round >= UID_STRIDE_ROUND:
             raise ConfigError(f"config key 'data.gen_batch_size'={per_round}: must be < {UID_STRIDE_ROUND}")
+        self.config = c = with_run_length(c, len(rows))  # trainer.total_epochs counts the rows read here
         self.loader = make_train_loader(c, rows, per_round)
         self.val_sets = load_split(c, "val", self.tokenizer) if c.data.val_files else {}
         self.ptx = ptx_examples(c, self.tokenizer) if c.actor.ptx_coef > 0 else None
@@ -231,8 +233,9 @@ class RLTrainer:
             return self._fit()
 
     def _fit(self) -> int:
+        resume = self.ckpt.resume_path(self.config.trainer.resume_mode, self.config.trainer.resume_from_path)
+        self._setup_data()  # first: the run length may depend on the training rows
         c = self.config
-        resume = self.ckpt.resume_path(c.trainer.resume_mode, c.trainer.resume_from_path)
         if resume is None:
             check_fresh_start(self.run_dir, c.trainer.overwrite)
         else:
@@ -241,7 +244,6 @@ class RLTrainer:
             if changed:
                 print("resuming with config changes:\n  " + "\n  ".join(changed), file=sys.stderr)
         dump_config(c, os.path.join(self.run_dir, "config.yaml"))
-        self._setup_data()
         self.reward_fn = RewardFunction(c, self.tokenizer)
         self.val_reward_fn = RewardFunction(c, self.tokenizer, validation=True)
         with progress.Heartbeat(c.trainer.progress_interval_s), RoleBuilder(c) as builder:
