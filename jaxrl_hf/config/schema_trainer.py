@@ -44,6 +44,11 @@ class TrainerConfig:
     balance_batch: bool = True
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl", "tensorboard"])
     progress_bar: bool = True
+    """Progress on the console (``jaxrl_hf/progress``). Where stderr is a terminal: tqdm bars for the steps,
+    validation (prompts), DAPO's dynamic sampling (informative groups), model conversion and export (tensors), and
+    a status line with the elapsed time of a stage whose amount of work is unknown (starting the workers, a step's
+    generation, XLA compilation). Elsewhere (CI, ``nohup``): a line per step and the heartbeat lines of
+    ``progress_interval_s``. False: none of it (the step's metrics still print when ``logger`` has ``console``)."""
     overwrite: bool = False
     """Start from scratch in a ``run_dir`` that holds an earlier run's metrics but no checkpoint to resume from
     (replacing its records); without it such a run refuses to start."""
@@ -57,8 +62,9 @@ class TrainerConfig:
     """Longest wait for any worker call (loading and compiling a large model takes minutes): ranks that have not
     answered by then stop the run, named (``WorkerTimeoutError``, exit code 6). 0: wait forever."""
     progress_interval_s: float = 30.0
-    """While one stage (starting the workers, a validation, a step's generation or update, XLA compiling) runs
-    longer than this, print what it is every this many seconds (``trainer/progress.py``); 0: never."""
+    """Where stderr is not a terminal: while one stage (starting the workers, a validation, a step's generation or
+    update, XLA compiling) runs longer than this, print what it is (with its count, e.g. ``validation 8/16
+    prompts``) every this many seconds (``jaxrl_hf/progress/heartbeat.py``); 0: never."""
     rollout_data_dir: Optional[str] = None
     """Write each step's trained rollouts to ``<dir>/<step>.jsonl`` (prompt, response, ground truth, score, acc,
     reward, advantage: ``jaxrl_hf/trainer/generations.py``); null: off."""
