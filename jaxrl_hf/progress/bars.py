@@ -82,7 +82,7 @@ def task(label: str, total: int, unit: str = "") -> Iterator[Task]:
     heartbeat otherwise."""
     activity = Activity(label, total=int(total), unit=unit)
     if bars_on():
-        activity.bar = new_bar(total=int(total), desc=label, unit=f" {unit}" if unit else "it", leave=False)
+        activity.bar = new_bar(total=int(total), desc=label, unit=unit or "it", leave=False)
     try:
         with pushed(activity):
             yield Task(activity)
@@ -95,7 +95,7 @@ def step_bar(total: int, start: int) -> Any:
     """The run's bar over its training steps (kept on screen at the end), or None where bars are off."""
     if not bars_on():
         return None
-    return new_bar(total=total, initial=start, desc="training", unit=" step", leave=True)
+    return new_bar(total=total, initial=start, desc="training", unit="step", leave=True)
 
 
 def write(text: str) -> None:
