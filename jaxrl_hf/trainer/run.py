@@ -298,7 +298,8 @@ class RLTrainer:
         if self.async_rollout is not None:
             self.async_rollout.drain()
         if c.trainer.export_hf:
-            self.roles.actor.export_hf(os.path.join(self.run_dir, "hf_actor"))
+            with progress.doing(f"exporting the actor as an HF model ({c.trainer.export_hf_dtype})"):
+                self.roles.actor.export_hf(os.path.join(self.run_dir, "hf_actor"))
         self._summary(saved_at)
         return 0
 
