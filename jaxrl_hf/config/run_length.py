@@ -40,8 +40,13 @@ def with_run_length(config: RunConfig, train_rows: int) -> RunConfig:
         raise ConfigError(f"config key 'trainer.total_epochs'={trainer.total_epochs}: an epoch of {train_rows} "
                           f"training rows (after filtering) has no full batch of {rows_per_step(config)} rows "
                           "(data.train_batch_size); set trainer.total_steps or use more data")
-    total = int(trainer.total_epochs) * per_epoch
-    config = dataclasses.replace(config, trainer=dataclasses.replace(trainer, total_steps=total))
+    return with_total_steps(config, int(trainer.total_epochs) * per_epoch)
+
+
+def with_total_steps(config: RunConfig, total: int) -> RunConfig:
+    """``config`` with ``trainer.total_steps = total`` and the lr schedules that follow it. Also what a tool
+    that reads no data (``launch/plan_memory.py``: optimizer state does not depend on the run length) assumes."""
+    config = dataclasses.replace(config, trainer=dataclasses.replace(config.trainer, total_steps=total))
     config.actor = dataclasses.replace(config.actor, optim=optim_with_schedule(config.actor.optim, total))
     config.critic = dataclasses.replace(config.critic, optim=optim_with_schedule(config.critic.optim, total))
     return config
