@@ -31,11 +31,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from typing import Any
 
 import numpy as np
+import yaml
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -81,6 +83,18 @@ def last_step(run_dir: str) -> int:
     with open(path, encoding="utf-8") as fh:
         steps = [json.loads(line)["step"] for line in fh if line.strip()]
     return max(steps, default=0)
+
+
+def run_length(run_dir: str, configured: int | None) -> float:
+    """Steps the run has in all: ``trainer.total_steps``, or for a length counted in epochs
+    (``trainer.total_epochs``) the one the run resolved into its ``config.yaml`` (unknown before it started)."""
+    if configured is not None:
+        return configured
+    path = os.path.join(run_dir, "config.yaml")
+    if not os.path.isfile(path):
+        return math.inf
+    with open(path, encoding="utf-8") as fh:
+        return float((yaml.safe_load(fh).get("trainer") or {}).get("total_steps") or math.inf)
 
 
 def summarize(rows: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
@@ -188,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
                          *args.overrides, f"trainer.run_dir={run_dir}",
                          "trainer.overwrite=true"]  # a row cut off before its first checkpoint starts over
             try:
-                total = load_config("dapo", args.preset, overrides).trainer.total_steps
+                total = run_length(run_dir, load_config("dapo", args.preset, overrides).trainer.total_steps)
             except ConfigError as err:
                 print(f"ablation: config error in row {name}: {err}", file=sys.stderr)
                 return 2

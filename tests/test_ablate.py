@@ -91,3 +91,12 @@ def test_no_run_summarizes_only_the_finished_runs(tmp_path):
     (row,) = json.loads((tmp_path / "ablation.json").read_text())["rows"]
     assert [r["seed"] for r in row["runs"]] == [0] and row["mean"] == {"arithmetic": 0.25}
     assert not (tmp_path / "naive_grpo" / "seed2").exists()
+
+
+def test_a_run_counted_in_epochs_is_as_long_as_its_resolved_config_says(tmp_path):
+    """``trainer.total_epochs`` without a step count: the length the run wrote into its config.yaml, unknown
+    (never reached) before it started; an explicit step count is used as given."""
+    mod = ablate()
+    assert mod.run_length(str(tmp_path), None) == float("inf")
+    (tmp_path / "config.yaml").write_text("trainer:\n  total_steps: 16\n  total_epochs: 1\n")
+    assert mod.run_length(str(tmp_path), None) == 16 and mod.run_length(str(tmp_path), 7) == 7

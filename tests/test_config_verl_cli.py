@@ -135,7 +135,7 @@ def test_ignored_keys_are_logged_in_a_run(caplog):
     with caplog.at_level(logging.WARNING, logger="jaxrl_hf.config"):
         load_config("grpo", overrides=SMOKE + ["trainer.total_epochs=3", "ray_init.num_cpus=4"])
     messages = [r.getMessage() for r in caplog.records]
-    assert any("'trainer.total_epochs'" in m and "trainer.total_steps" in m for m in messages), messages
+    assert not any("'trainer.total_epochs'" in m for m in messages), messages  # converted: tests/test_config_run_length.py
     assert any("'ray_init.num_cpus'" in m and "Ray is started by jaxrl_hf" in m for m in messages), messages
 
 
@@ -180,6 +180,6 @@ def test_dry_run_touches_nothing(tmp_path):
     assert config["trainer"]["run_dir"] == str(run_dir)
     report = "\n".join(line for line in printed if line.startswith("#"))
     assert "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu -> actor.ppo_micro_batch_size_per_device" in report
-    assert "trainer.total_epochs: the run length here is trainer.total_steps" in report
+    assert "# run length: total_steps = total_epochs × steps per epoch, computed at start (15 × " in report
     assert "model.path=/nonexistent/model" in report and "3 path(s) not found" in report
     assert not run_dir.exists()

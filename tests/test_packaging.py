@@ -3,11 +3,13 @@ configs/ as package data ``jaxrl_hf/configs``: a non-editable install runs ``jax
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 import sys
 import sysconfig
+import time
 import tomllib
 import zipfile
 
@@ -69,8 +71,9 @@ def test_non_editable_install_finds_its_configs_and_runs_the_console_scripts(tmp
     """``pip install --no-deps --no-build-isolation`` of a copy of the source tree into a fresh venv (dependencies
     from this interpreter's site-packages, its editable jaxrl_hf left out): the wheel holds every config file,
     and from a directory outside the repository the installed package loads every algorithm and preset config
-    from itself and ``jaxrl-hf-train --help`` / ``jaxrl-hf-export-hf --help`` work. (A full smoke run from the
-    install is left to ``make``: it takes minutes on a 2-core CPU.)"""
+    from itself, ``jaxrl-hf-train --help`` / ``jaxrl-hf-export-hf --help`` work, and the installed
+    ``jaxrl-hf-train --preset smoke`` trains (one step, its workers importing the installed copy too) and exits 0,
+    with its metrics in ``metrics.jsonl`` and, its stderr being no terminal, heartbeat lines instead of bars."""
     source = tmp_path / "src"
     shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(".git", ".venv*", "runs", "__pycache__", "*.egg-info",
                                                                "build", "out", ".pytest_cache", "docs"))
@@ -115,3 +118,20 @@ def test_non_editable_install_finds_its_configs_and_runs_the_console_scripts(tmp
         proc = subprocess.run([str(venv / "bin" / script), "--help"], cwd=outside, env=env, capture_output=True,
                               text=True, timeout=300)
         assert proc.returncode == 0 and expected in proc.stdout, proc.stderr[-3000:]
+
+    run_dir = tmp_path / "run"
+    start = time.perf_counter()
+    proc = subprocess.run([str(venv / "bin" / "jaxrl-hf-train"), "--preset", "smoke", "trainer.total_steps=1",
+                           f"trainer.run_dir={run_dir}", "trainer.progress_interval_s=1"], cwd=outside, env=env,
+                          capture_output=True, text=True, timeout=600)
+    seconds = time.perf_counter() - start
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    print(f"installed smoke run: {seconds:.0f} s")
+    (record,) = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert record["step"] == 1 and record["training/global_step"] == 1.0
+    for key in ("critic/score/mean", "actor/pg_loss", "response_length/mean", "timing_s/step"):
+        assert isinstance(record[key], float), key
+    assert [r["step"] for r in map(json.loads, (run_dir / "validation.jsonl").read_text().splitlines())] == [0, 1]
+    assert "done: dapo, 1 steps" in proc.stderr
+    assert "  ... " in proc.stderr and " s in starting the workers" in proc.stderr  # the heartbeat
+    assert "\r" not in proc.stderr  # no bar drawn into a pipe

@@ -210,6 +210,7 @@ def test_verl_dapo_32b_recipe_line_parses():
     assert config.actor.strategy == "fsdp"  # the recipe sets none: verl's default, the plan's too
     assert config.actor.offload_optimizer is True and keys.offload_params and keys.offload_ref_params
     assert config.model.remat == "full" and config.model.dtype == "bfloat16"
+    assert config.actor.optim.total_steps is not None  # trainer.total_epochs=1: the plan reads no data
     assert (config.rollout.n, config.data.gen_batch_size, config.actor.ppo_mini_batch_size) == (16, 1536, 32)
     assert (config.rollout.max_prompt_length, config.rollout.response_length) == (2048, 20480)
     assert math.isclose(config.rollout.gpu_memory_utilization, 0.8)

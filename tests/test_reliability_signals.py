@@ -47,7 +47,7 @@ def test_sigterm_saves_at_the_step_boundary_and_the_same_command_resumes(tmp_pat
     run_dir = tmp_path / "run"
     cmd = [sys.executable, os.path.join(REPO, "launch", "train.py"), "--algo", "grpo", "--preset", "smoke",
            f"trainer.run_dir={run_dir}", "trainer.total_steps=4", "trainer.save_freq=0", "trainer.test_freq=0",
-           "trainer.val_before_train=false", "trainer.progress_bar=false"]
+           "trainer.val_before_train=false", "trainer.progress_bar=false", "trainer.progress_interval_s=1"]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, cwd=REPO)
     lines = []
     for line in proc.stderr:  # blocks until the trainer prints; no sleeping
@@ -69,6 +69,7 @@ def test_sigterm_saves_at_the_step_boundary_and_the_same_command_resumes(tmp_pat
     resumed = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     assert f"resumed from {run_dir / 'checkpoints' / f'global_step_{step}'} (step {step})" in resumed.stderr
+    assert "  ... " not in err + resumed.stderr  # trainer.progress_bar=false: no heartbeat, whatever the interval
     steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3, 4]
 

@@ -120,7 +120,7 @@ def test_dapo_dynamic_sampling_refills(tmp_path, capfd):
                     "reward_model.overlong_buffer.enable=false", "trainer.val_before_train=false",
                     f"trainer.rollout_data_dir={tmp_path / 'rollouts'}", "trainer.log_val_generations=2",
                     f"trainer.validation_data_dir={tmp_path / 'val'}",
-                    "reward_model.num_examine=1")
+                    "reward_model.num_examine=1", "trainer.progress_interval_s=1")
     assert [r["step"] for r in records] == [1, 2]
     assert sorted(os.listdir(tmp_path / "rollouts")) == ["1.jsonl", "2.jsonl"]
     dumped = [json.loads(x) for x in (tmp_path / "rollouts" / "2.jsonl").read_text().splitlines()]
@@ -132,6 +132,7 @@ def test_dapo_dynamic_sampling_refills(tmp_path, capfd):
     assert len(val) == 4 * 2 and all("advantage" not in r for r in val)  # smoke: 4 prompts x val.n=2
     out = capfd.readouterr()
     assert out.err.count("--- validation sample") == 2 and "[ground_truth]" in out.out
+    assert " s in starting the workers" in out.err and "\r" not in out.err  # no terminal: heartbeat lines, no bars
     for rec in records:
         assert rec["dynamic_sampling/num_gen_batches"] >= 2  # 2 prompts per round, 4 informative groups needed
         assert rec["dynamic_sampling/num_informative_prompts"] >= 4

@@ -16,6 +16,7 @@ import yaml
 
 from jaxrl_hf.config.build import ConfigError
 from jaxrl_hf.config.loader import load_config_with_report
+from jaxrl_hf.config.run_length import run_length_note
 from jaxrl_hf.config.schema import RunConfig
 from jaxrl_hf.config.validate_paths import path_problems
 from jaxrl_hf.config.verl_keys import KeyReport
@@ -23,8 +24,10 @@ from jaxrl_hf.errors import ExitCode
 
 
 def report_lines(config: RunConfig, report: KeyReport) -> list[str]:
-    """The dry run's report, one ``# ...`` line each: renamed keys, keys with no effect, missing paths."""
-    lines = [f"# dry run: the config is valid (--algo {config.algo}); nothing was loaded or started"]
+    """The dry run's report, one ``# ...`` line each: the run length, renamed keys, keys with no effect, missing
+    paths."""
+    lines = [f"# dry run: the config is valid (--algo {config.algo}); nothing was loaded or started",
+             f"# run length: {run_length_note(config)}"]
     if report.renamed:
         lines.append(f"# {len(report.renamed)} verl key(s) read under this schema's names:")
         lines += [f"#   {key} -> {target}" for key, target in report.renamed]

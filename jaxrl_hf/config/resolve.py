@@ -6,6 +6,7 @@ import dataclasses
 
 from jaxrl_hf.config.cluster import resolve_cluster
 from jaxrl_hf.config.schema import ModelConfig, OptimConfig, RunConfig
+from jaxrl_hf.config.schema_trainer import DEFAULT_TOTAL_STEPS
 
 
 def critic_enabled(config: RunConfig) -> bool:
@@ -26,10 +27,13 @@ def model_with_remat(model: ModelConfig) -> ModelConfig:
     return model
 
 
-def optim_with_schedule(optim: OptimConfig, total_steps: int) -> OptimConfig:
+def optim_with_schedule(optim: OptimConfig, total_steps: int | None) -> OptimConfig:
     """``total_steps`` (default: the run's) and verl's warm-up ratio: ``warmup_steps = int(ratio · total_steps)``
-    when ``warmup_steps`` is 0 (verl's ``lr_warmup_steps < 0``: the ratio decides)."""
+    when ``warmup_steps`` is 0 (verl's ``lr_warmup_steps < 0``: the ratio decides). A run length still unknown
+    (``trainer.total_epochs``: counted when the data is read, `jaxrl_hf.config.run_length`) leaves both as they are."""
     total = optim.total_steps or total_steps
+    if total is None:
+        return optim
     warmup = optim.warmup_steps or int(optim.lr_warmup_steps_ratio * total)
     return dataclasses.replace(optim, total_steps=total, warmup_steps=warmup)
 
@@ -42,6 +46,8 @@ def _first_set(value: object, default: object) -> object:
 def resolve_defaults(config: RunConfig) -> RunConfig:
     """A copy of ``config`` with every ``None``-means-derived field filled in."""
     config = resolve_cluster(config)  # a shallow copy: sections below are replaced, never mutated
+    if config.trainer.total_steps is None and config.trainer.total_epochs is None:
+        config.trainer = dataclasses.replace(config.trainer, total_steps=DEFAULT_TOTAL_STEPS)
     data, trainer = config.data, config.trainer
     config.rollout = dataclasses.replace(
         config.rollout,

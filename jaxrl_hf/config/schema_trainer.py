@@ -5,12 +5,23 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
+DEFAULT_TOTAL_STEPS = 30
+"""The run length when neither ``trainer.total_steps`` nor ``trainer.total_epochs`` is given."""
+
 
 @dataclass
 class TrainerConfig:
     """The loop: steps, validation, checkpoints, logging."""
 
-    total_steps: int = 30
+    total_steps: Optional[int] = None
+    """Training steps of the run (verl's ``trainer.total_training_steps``); it wins over ``total_epochs``, as in
+    verl. Null: ``total_epochs`` × steps per epoch when ``total_epochs`` is set (computed at start, when the
+    training data is read), else `DEFAULT_TOTAL_STEPS`."""
+    total_epochs: Optional[int] = None
+    """verl's run length in passes over the training set: ``total_steps = total_epochs × (rows after filtering
+    // rows per step)`` (the loader drops a short last batch, as verl's ``drop_last`` dataloader; rows per step is
+    ``data.train_batch_size``, ``data.gen_batch_size`` under DAPO's dynamic sampling). Used only when
+    ``total_steps`` is null (``jaxrl_hf.config.run_length``)."""
     seed: int = 0
     run_dir: Optional[str] = None
     """Default: ``runs/<experiment_name>``."""
@@ -33,6 +44,11 @@ class TrainerConfig:
     balance_batch: bool = True
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl", "tensorboard"])
     progress_bar: bool = True
+    """Progress on the console (``jaxrl_hf/progress``). Where stderr is a terminal: tqdm bars for the steps,
+    validation (prompts), DAPO's dynamic sampling (informative groups), model conversion and export (tensors), and
+    a status line with the elapsed time of a stage whose amount of work is unknown (starting the workers, a step's
+    generation, XLA compilation). Elsewhere (CI, ``nohup``): a line per step and the heartbeat lines of
+    ``progress_interval_s``. False: none of it (the step's metrics still print when ``logger`` has ``console``)."""
     overwrite: bool = False
     """Start from scratch in a ``run_dir`` that holds an earlier run's metrics but no checkpoint to resume from
     (replacing its records); without it such a run refuses to start."""
@@ -46,8 +62,9 @@ class TrainerConfig:
     """Longest wait for any worker call (loading and compiling a large model takes minutes): ranks that have not
     answered by then stop the run, named (``WorkerTimeoutError``, exit code 6). 0: wait forever."""
     progress_interval_s: float = 30.0
-    """While one stage (starting the workers, a validation, a step's generation or update, XLA compiling) runs
-    longer than this, print what it is every this many seconds (``trainer/progress.py``); 0: never."""
+    """Where stderr is not a terminal: while one stage (starting the workers, a validation, a step's generation or
+    update, XLA compiling) runs longer than this, print what it is (with its count, e.g. ``validation 8/16
+    prompts``) every this many seconds (``jaxrl_hf/progress/heartbeat.py``); 0: never."""
     rollout_data_dir: Optional[str] = None
     """Write each step's trained rollouts to ``<dir>/<step>.jsonl`` (prompt, response, ground truth, score, acc,
     reward, advantage: ``jaxrl_hf/trainer/generations.py``); null: off."""

@@ -273,7 +273,10 @@ def check_data_and_rewards(config: RunConfig) -> None:
 def check_trainer(config: RunConfig) -> None:
     """Loop, checkpoint and logging settings."""
     t = config.trainer
-    _positive("trainer.total_steps", t.total_steps)
+    if t.total_steps is not None:
+        _positive("trainer.total_steps", t.total_steps)
+    if t.total_epochs is not None:
+        _positive("trainer.total_epochs", t.total_epochs)
     if t.resume_mode == "resume_path" and not t.resume_from_path:
         _fail("trainer.resume_from_path", t.resume_from_path, "trainer.resume_mode='resume_path' needs a checkpoint path")
     if t.max_ckpt_to_keep is not None and t.max_ckpt_to_keep < 1:

@@ -149,8 +149,6 @@ IGNORED: dict[str, str] = {
     "rollout.agent.": "agent loop workers of verl's server mode; loops here: rollout.loop",
     "trainer.max_critic_ckpt_to_keep": "one checkpoint per step holds actor and critic: "
     "trainer.max_ckpt_to_keep (verl's max_actor_ckpt_to_keep) applies to both",
-    "trainer.total_epochs": "the run length here is trainer.total_steps (verl's trainer.total_training_steps; "
-    "set it): epochs are not counted",
     "trainer.dump_high_diff_dir": "verl debugging dump", "trainer.dump_high_diff_tokens": "verl debugging dump",
     "trainer.use_legacy_worker_impl": "verl worker implementation switch",
     "trainer.ray_wait_register_center_timeout": "Ray start is bounded by trainer.ray_init_timeout_s",

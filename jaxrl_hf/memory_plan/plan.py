@@ -24,7 +24,9 @@ from jaxrl_hf import mesh as meshlib
 from jaxrl_hf.config import load_config
 from jaxrl_hf.config.build import ConfigError, coerce
 from jaxrl_hf.config.memory_budget import DEFAULT_VLLM_GPU_SHARE, memory_budget
+from jaxrl_hf.config.run_length import with_total_steps
 from jaxrl_hf.config.schema import RunConfig
+from jaxrl_hf.config.schema_trainer import DEFAULT_TOTAL_STEPS
 from jaxrl_hf.memory_plan import programs as P
 from jaxrl_hf.memory_plan.cost_model import cost_model_inputs, predict
 from jaxrl_hf.memory_plan.report import collective_counts, memory_stats
@@ -129,7 +131,7 @@ def load_plan_config(args: Sequence[str], devices: int, algo: str = "dapo") -> t
         try:
             config = load_config(algo, overrides=overrides)
             _check_generation_layout(config)
-            return config, keys
+            return _with_some_length(config), keys
         except (ConfigError, WorkerConfigError):
             fixes = _runnable_layout(keys)
             if not fixes:
@@ -139,7 +141,15 @@ def load_plan_config(args: Sequence[str], devices: int, algo: str = "dapo") -> t
     except ConfigError as err:
         raise ValueError(str(err)) from None
     keys.mapped += [(text.split("=")[0], why) for text, why in fixes]
-    return config, keys
+    return _with_some_length(config), keys
+
+
+def _with_some_length(config: RunConfig) -> RunConfig:
+    """A run length counted in epochs is only known once the data is read (`jaxrl_hf.config.run_length`); the
+    plan's programs do not depend on it, but the optimizer is built with a complete lr schedule."""
+    if config.trainer.total_steps is not None:
+        return config
+    return with_total_steps(config, DEFAULT_TOTAL_STEPS)
 
 
 def plan_attention(config: RunConfig, keys: PlanKeys) -> str:

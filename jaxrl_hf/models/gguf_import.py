@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxrl_hf import progress
 from jaxrl_hf.models.config import DecoderConfig
 
 _LAYER_NAMES = {
@@ -115,27 +116,35 @@ def read_state_dict(reader: Any, config: DecoderConfig, path: str) -> dict[str, 
     from gguf.quants import dequantize
 
     state: dict[str, np.ndarray] = {}
-    for tensor in reader.tensors:
-        name = tensor.name
-        if name.startswith("blk."):
-            _, idx, local = name.split(".", 2)
-            if local not in _LAYER_NAMES:
-                raise ValueError(f"{path}: unknown GGUF tensor {name!r}")
-            hf_name = f"model.layers.{int(idx)}.{_LAYER_NAMES[local]}"
-        elif name in _GLOBAL_NAMES:
-            hf_name = _GLOBAL_NAMES[name]
-        elif name == "rope_freqs.weight":
-            continue
-        else:
-            raise ValueError(f"{path}: unknown GGUF tensor {name!r}")
-        array = np.ascontiguousarray(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
-        if config.model_type == "llama":
-            if local_is(hf_name, "q_proj"):
-                array = unpermute_qk(array, config.num_attention_heads)
-            elif local_is(hf_name, "k_proj"):
-                array = unpermute_qk(array, config.num_key_value_heads)
-        state[hf_name] = array
+    with progress.task(f"converting {os.path.basename(path)}", len(reader.tensors), "tensors") as converted:
+        for tensor in reader.tensors:
+            _convert_tensor(tensor, config, path, state, dequantize)
+            converted.advance()
     return state
+
+
+def _convert_tensor(tensor: Any, config: DecoderConfig, path: str, state: dict[str, np.ndarray],
+                    dequantize: Any) -> None:
+    """One GGUF tensor into ``state`` under its HF name (none for ``rope_freqs``)."""
+    name = tensor.name
+    if name.startswith("blk."):
+        _, idx, local = name.split(".", 2)
+        if local not in _LAYER_NAMES:
+            raise ValueError(f"{path}: unknown GGUF tensor {name!r}")
+        hf_name = f"model.layers.{int(idx)}.{_LAYER_NAMES[local]}"
+    elif name in _GLOBAL_NAMES:
+        hf_name = _GLOBAL_NAMES[name]
+    elif name == "rope_freqs.weight":
+        return
+    else:
+        raise ValueError(f"{path}: unknown GGUF tensor {name!r}")
+    array = np.ascontiguousarray(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
+    if config.model_type == "llama":
+        if local_is(hf_name, "q_proj"):
+            array = unpermute_qk(array, config.num_attention_heads)
+        elif local_is(hf_name, "k_proj"):
+            array = unpermute_qk(array, config.num_key_value_heads)
+    state[hf_name] = array
 
 
 def local_is(hf_name: str, proj: str) -> bool:

@@ -10,7 +10,8 @@ Layout (transformers' ``save_pretrained`` naming)::
     generation_config.json                    bos/eos/pad ids (the tokenizer's, then the model config's)
     tokenizer.json, tokenizer_config.json, special_tokens_map.json, chat_template.jinja   copied
 
-Shards are written one at a time (one shard's tensors in the target dtype are in memory at once).
+Shards are written one at a time (one shard's tensors in the target dtype are in memory at once); a bar counts
+the tensors converted (`jaxrl_hf.progress.task`, on a terminal).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import ml_dtypes
 import numpy as np
 from safetensors.numpy import save_file
 
+from jaxrl_hf import progress
 from jaxrl_hf.models.config import DecoderConfig
 from jaxrl_hf.models.weights_hf import Params, iter_hf_tensor_views
 
@@ -94,13 +96,16 @@ def save_sharded_safetensors(path: str, params: Params, config: DecoderConfig, d
     files = shard_file_names(len(shards))
     owner = {name: file for file, names in zip(files, shards) for name in names}
     views = iter_hf_tensor_views(params, config)
-    for file, names in zip(files, shards):
-        tensors = {}
-        for _ in names:
-            name, view = next(views)
-            tensors[name] = np.ascontiguousarray(np.asarray(view).astype(target, copy=False))
-        save_file(tensors, os.path.join(path, file), metadata={"format": "pt"})
-        os.chmod(os.path.join(path, file), 0o666 & ~_umask())  # safetensors writes 0600; share as open() would
+    with progress.task(f"exporting {dtype} to {os.path.basename(os.path.normpath(path))}", len(sizes),
+                       "tensors") as exported:
+        for file, names in zip(files, shards):
+            tensors = {}
+            for _ in names:
+                name, view = next(views)
+                tensors[name] = np.ascontiguousarray(np.asarray(view).astype(target, copy=False))
+                exported.advance()
+            save_file(tensors, os.path.join(path, file), metadata={"format": "pt"})
+            os.chmod(os.path.join(path, file), 0o666 & ~_umask())  # safetensors writes 0600; share as open() would
     if len(files) > 1:
         index = {"metadata": {"total_size": sum(n for _, n in sizes)}, "weight_map": dict(sorted(owner.items()))}
         with open(os.path.join(path, INDEX_FILE), "w") as fh:

@@ -13,8 +13,10 @@ from typing import Any, Iterator, Mapping
 
 import jax
 import numpy as np
-from safetensors.numpy import load_file, save_file
+from safetensors import safe_open
+from safetensors.numpy import save_file
 
+from jaxrl_hf import progress
 from jaxrl_hf.models.config import DecoderConfig
 
 Params = dict[str, Any]
@@ -180,9 +182,20 @@ def _safetensors_files(path: str) -> list[str]:
 
 
 def iter_safetensors(path: str | os.PathLike) -> Iterator[tuple[str, np.ndarray]]:
-    """``(name, array)`` pairs of every tensor of an HF checkpoint directory (single or sharded)."""
-    for file in _safetensors_files(os.fspath(path)):
-        yield from load_file(file).items()
+    """``(name, array)`` pairs of every tensor of an HF checkpoint directory (single or sharded); a bar counts the
+    tensors read (`jaxrl_hf.progress.task`, on a terminal)."""
+    files = _safetensors_files(os.fspath(path))
+    names = []
+    for file in files:  # the headers only
+        with safe_open(file, "np") as fh:
+            names.append(list(fh.keys()))
+    with progress.task(f"reading {os.path.basename(os.path.normpath(path))}", sum(map(len, names)),
+                       "tensors") as read:
+        for file, keys in zip(files, names):
+            with safe_open(file, "np") as fh:
+                for name in keys:
+                    yield name, fh.get_tensor(name)
+                    read.advance()
 
 
 def load_hf_dir(path: str | os.PathLike, **runtime: Any) -> tuple[DecoderConfig, Params]:

@@ -2,7 +2,8 @@
 
 Groups whose samples all got the same ``metric`` (all right or all wrong) carry zero advantage under a group
 baseline and only dilute the gradient. ``collect_informative_groups`` keeps generating new prompt batches,
-keeping only the informative groups, until ``target_prompts`` groups are collected; after
+keeping only the informative groups, until ``target_prompts`` groups are collected (a bar of the groups kept:
+`jaxrl_hf.progress.task`); after
 ``max_num_gen_batches`` rounds without enough it raises ``DynamicSamplingError`` with the counts.
 
 The metric (``algorithm.filter_groups.metric``) is one of verl's per-sample columns: ``acc`` and ``score`` as
@@ -17,6 +18,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from jaxrl_hf import progress
 from jaxrl_hf.algos import filter_groups
 from jaxrl_hf.controller import Batch
 
@@ -62,21 +64,24 @@ def collect_informative_groups(
     num_kept_groups = 0
     generated_groups = 0
     rounds = 0
-    while num_kept_groups < target_prompts:
-        if 0 < max_num_gen_batches <= rounds:
-            raise DynamicSamplingError(
-                f"dynamic sampling: only {num_kept_groups} of the {target_prompts} prompt groups needed (data.train_batch_size)"
-                f" had non-constant {metric!r} after {rounds} generation rounds ({generated_groups} groups generated); "
-                f"raise algorithm.filter_groups.max_num_gen_batches (now {max_num_gen_batches}), increase rollout.n, "
-                f"or use easier prompts"
-            )
-        batch = generate_round(rounds)
-        rounds += 1
-        generated_groups += len(batch) // samples_per_prompt
-        keep = informative_mask(batch, metric)
-        if keep.any():
-            kept.append(batch.take(keep))
-            num_kept_groups += int(keep.sum()) // samples_per_prompt
+    with progress.task("dynamic sampling", target_prompts, "informative groups") as groups_done:
+        while num_kept_groups < target_prompts:
+            if 0 < max_num_gen_batches <= rounds:
+                raise DynamicSamplingError(
+                    f"dynamic sampling: only {num_kept_groups} of the {target_prompts} prompt groups needed "
+                    f"(data.train_batch_size) had non-constant {metric!r} after {rounds} generation rounds "
+                    f"({generated_groups} groups generated); raise algorithm.filter_groups.max_num_gen_batches (now "
+                    f"{max_num_gen_batches}), increase rollout.n, or use easier prompts"
+                )
+            with progress.doing(f"round {rounds + 1}"):
+                batch = generate_round(rounds)
+            rounds += 1
+            generated_groups += len(batch) // samples_per_prompt
+            keep = informative_mask(batch, metric)
+            if keep.any():
+                kept.append(batch.take(keep))
+                num_kept_groups += int(keep.sum()) // samples_per_prompt
+                groups_done.advance(int(keep.sum()) // samples_per_prompt)
     merged = Batch.concat(kept, meta_conflict="first")
     out = merged[: target_prompts * samples_per_prompt]
     metrics = {

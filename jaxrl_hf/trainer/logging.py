@@ -3,7 +3,8 @@
 * ``metrics.jsonl``: ``{"step": N, <metric>: float, ...}`` per training step; validation results also go
   to ``validation.jsonl`` (step 0 = before training). On resume the files are cut back to the resumed step,
   so a killed-and-resumed run's files read exactly like an uninterrupted run's.
-* console: a one-line progress bar per step (``trainer.progress_bar``) plus a few key metrics.
+* console: the step bar (``trainer.progress_bar``: a tqdm bar on a terminal, a line per step elsewhere) with a few
+  key metrics.
 * TensorBoard: only when ``tensorboardX`` or ``torch.utils.tensorboard`` with ``tensorboard`` is installed
   (no new dependency); wandb only when installed and listed in ``trainer.logger``.
 """
@@ -14,10 +15,10 @@ import json
 import logging
 import math
 import os
-import sys
 import time
 from typing import Any, TextIO
 
+from jaxrl_hf import progress
 from jaxrl_hf.errors import ExitCode, RunError
 
 logger = logging.getLogger(__name__)
@@ -73,15 +74,23 @@ def read_jsonl(path: str) -> list[dict[str, Any]]:
 
 
 class ProgressBar:
-    """``[#####.....] 12/40 steps  3.1 s/step  eta 1m27s  score=0.31`` redrawn in place on a TTY."""
+    """The run's bar over its steps: a tqdm bar on a terminal (``training 12/40 [01:02<02:04, 3.1 s/step,
+    score=0.31]``, `jaxrl_hf.progress.step_bar`), else one line per step
+    (``[#####.....] 12/40 steps  3.1 s/step  eta 1m27s  score=0.31``) so that logs are not flooded."""
 
     def __init__(self, total: int, start: int = 0, stream: TextIO | None = None, width: int = 24) -> None:
         self.total, self.done, self.width = total, start, width
-        self.stream = stream or sys.stderr
+        self.stream = stream or progress.stream()
         self.started = time.perf_counter()
         self.first = start
+        self._bar = progress.step_bar(total, start) if stream is None else None
 
     def update(self, step: int, info: str = "") -> None:
+        if self._bar is not None:
+            self._bar.set_postfix_str(info, refresh=False)
+            self._bar.update(step - self.done)
+            self.done = step
+            return
         self.done = step
         frac = self.done / max(self.total, 1)
         filled = int(round(frac * self.width))
@@ -90,9 +99,14 @@ class ProgressBar:
         eta = rate * (self.total - self.done)
         line = (f"[{'#' * filled}{'.' * (self.width - filled)}] {self.done}/{self.total} steps  {rate:.1f} s/step  "
                 f"eta {int(eta // 60)}m{int(eta % 60):02d}s  {info}")
-        end = "\r" if self.stream.isatty() and self.done < self.total else "\n"
-        self.stream.write(line + end)
+        self.stream.write(line + "\n")
         self.stream.flush()
+
+    def close(self) -> None:
+        """Leave the terminal bar on screen as it ended."""
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
 
 
 class MetricLogger:

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from jaxrl_hf.controller import Batch
-from jaxrl_hf.trainer import progress
+from jaxrl_hf import progress
 
 
 def _stats(prefix: str, values: np.ndarray) -> dict[str, float]:

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from jaxrl_hf.config import ConfigError, dump_config, load_config
+from jaxrl_hf.config.run_length import rows_per_step, with_run_length
 from jaxrl_hf.config.schema import RunConfig
 from jaxrl_hf.controller import Batch, set_call_timeout
 from jaxrl_hf.errors import ExitCode
@@ -34,7 +35,7 @@ from jaxrl_hf.trainer.data import collate_prompts, load_split, load_tokenizer, m
 from jaxrl_hf.trainer.dynamic_sampling import DynamicSamplingError
 from jaxrl_hf.trainer.exit_path import report
 from jaxrl_hf.trainer.generations import dump_generations, generation_records, show_samples
-from jaxrl_hf.trainer import progress
+from jaxrl_hf import progress
 from jaxrl_hf.trainer.logging import MetricLogger, ProgressBar, read_jsonl
 from jaxrl_hf.trainer.nonfinite import NonFiniteGuard
 from jaxrl_hf.trainer.preemption import StopRequest
@@ -73,9 +74,10 @@ class RLTrainer:
         self.tokenizer = load_tokenizer(c.model.path)
         train = load_split(c, "train", self.tokenizer)
         rows = [row for rows in train.values() for row in rows]
-        per_round = c.data.gen_batch_size if (c.algo == "dapo" and c.algorithm.filter_groups.enable) else c.data.train_batch_size
+        per_round = rows_per_step(c)
         if per_round >= UID_STRIDE_ROUND:
             raise ConfigError(f"config key 'data.gen_batch_size'={per_round}: must be < {UID_STRIDE_ROUND}")
+        self.config = c = with_run_length(c, len(rows))  # trainer.total_epochs counts the rows read here
         self.loader = make_train_loader(c, rows, per_round)
         self.val_sets = load_split(c, "val", self.tokenizer) if c.data.val_files else {}
         self.ptx = ptx_examples(c, self.tokenizer) if c.actor.ptx_coef > 0 else None
@@ -151,20 +153,24 @@ class RLTrainer:
         scored, records = [], []
         self.val_samples: list[dict] = []
         uid = 0
-        for name, rows in self.val_sets.items():
-            size, uid0 = c.data.val_batch_size or len(rows), uid
-            for i in range(0, len(rows), size):
-                prompts = collate_prompts(rows[i : i + size], self.tokenizer, c.data.val_max_prompt_length, uid_base=uid)
-                uid += len(rows[i : i + size])
-                prompts.meta_info.update({"validate": True, "n": v.n, "greedy": v.greedy, "temperature": v.temperature,
-                                          "top_p": v.top_p, "response_length": v.response_length,
-                                          "seed": generation_seed(c.rollout.seed, -1, uid)})
-                with progress.doing(f"validation of {name} (prompts {i + 1}-{uid - uid0} of {len(rows)}, "
-                                    f"{v.n} samples each)"):
-                    out = self.roles.actor.generate_sequences(prompts)
-                out = out.union(self.val_reward_fn(out).select(["seq_score", "score", "acc", "pred"], []))
-                records.extend(self._generation_records(out))
-                scored.append(out.select(["data_source", "uid", "seq_score", "acc", "pred"], []))
+        total = sum(len(rows) for rows in self.val_sets.values())
+        with progress.task(f"validation ({v.n} samples each)", total, "prompts") as prompts_done:
+            for name, rows in self.val_sets.items():
+                size = c.data.val_batch_size or len(rows)
+                for i in range(0, len(rows), size):
+                    chunk = rows[i : i + size]
+                    prompts = collate_prompts(chunk, self.tokenizer, c.data.val_max_prompt_length, uid_base=uid)
+                    uid += len(chunk)
+                    prompts.meta_info.update({"validate": True, "n": v.n, "greedy": v.greedy,
+                                              "temperature": v.temperature, "top_p": v.top_p,
+                                              "response_length": v.response_length,
+                                              "seed": generation_seed(c.rollout.seed, -1, uid)})
+                    with progress.doing(f"{name}, prompts {i + 1}-{i + len(chunk)} of {len(rows)}"):
+                        out = self.roles.actor.generate_sequences(prompts)
+                    out = out.union(self.val_reward_fn(out).select(["seq_score", "score", "acc", "pred"], []))
+                    records.extend(self._generation_records(out))
+                    scored.append(out.select(["data_source", "uid", "seq_score", "acc", "pred"], []))
+                    prompts_done.advance(len(chunk))
         if not scored:
             return {}
         batch = Batch.concat(scored, meta_conflict="first")
@@ -228,12 +234,13 @@ class RLTrainer:
         c = self.config
         set_call_timeout(c.trainer.worker_timeout_s)
         enable_compilation_cache(c.trainer.compilation_cache_dir)
-        with RunDirLock(self.run_dir):
+        with RunDirLock(self.run_dir), progress.configured(c.trainer.progress_bar):
             return self._fit()
 
     def _fit(self) -> int:
+        resume = self.ckpt.resume_path(self.config.trainer.resume_mode, self.config.trainer.resume_from_path)
+        self._setup_data()  # first: the run length may depend on the training rows
         c = self.config
-        resume = self.ckpt.resume_path(c.trainer.resume_mode, c.trainer.resume_from_path)
         changed: list[str] = []
         if resume is None:
             check_fresh_start(self.run_dir, c.trainer.overwrite)
@@ -244,7 +251,6 @@ class RLTrainer:
                 print("resuming with config changes:\n  " + "\n  ".join(changed), file=sys.stderr)
         if resume is None:  # a resume keeps the saved config.yaml until a checkpoint has restored
             dump_config(c, os.path.join(self.run_dir, "config.yaml"))
-        self._setup_data()
         self.reward_fn = RewardFunction(c, self.tokenizer)
         self.val_reward_fn = RewardFunction(c, self.tokenizer, validation=True)
         with progress.Heartbeat(c.trainer.progress_interval_s), RoleBuilder(c) as builder:
@@ -254,7 +260,7 @@ class RLTrainer:
                 resume = restore_newest(self.ckpt, resume, self.restore, fallback=c.trainer.resume_mode == "auto",
                                         changed_model=model_changes(changed))
                 dump_config(c, os.path.join(self.run_dir, "config.yaml"))
-                print(f"resumed from {resume} (step {self.global_step})", file=sys.stderr)
+                progress.write(f"resumed from {resume} (step {self.global_step})")
             self._start_async_rollout()
             log = MetricLogger(self.run_dir, c.trainer.logger, resume_step=self.global_step, config=c.to_dict(),
                                project=c.trainer.project_name, experiment=c.trainer.experiment_name or c.algo)
@@ -271,29 +277,34 @@ class RLTrainer:
         if c.trainer.val_only:
             val = self.validate()
             log.log_validation(self.global_step, val, self.val_samples)
-            print(f"validation of the step-{self.global_step} policy: {_headline(val)}", file=sys.stderr)
+            progress.write(f"validation of the step-{self.global_step} policy: {_headline(val)}")
             return 0
         if c.trainer.val_before_train and not resumed and self.val_sets:
             val = self.validate()
             log.log_validation(0, val, self.val_samples)
-            print(f"validation before training: {_headline(val)}", file=sys.stderr)
+            progress.write(f"validation before training: {_headline(val)}")
         bar = ProgressBar(c.trainer.total_steps, start=self.global_step) if c.trainer.progress_bar else None
         nonfinite = NonFiniteGuard(c.trainer.max_nonfinite_steps)
         saved_at, save_s = None, None
         with StopRequest() as stop:
-            while self.global_step < c.trainer.total_steps:
-                saved_at, save_s = self._one_step(log, bar, nonfinite, saved_at, save_s)
-                if stop.signal is not None:
-                    if saved_at != self.global_step:
-                        self.save_checkpoint()
-                    print(f"jaxrl_hf: stopped by {stop.signal} after step {self.global_step}: checkpoint "
-                          f"{self.ckpt.ckpt_dir}/global_step_{self.global_step}; run the same command to resume",
-                          file=sys.stderr)
-                    return int(ExitCode.PREEMPTED)
+            try:
+                while self.global_step < c.trainer.total_steps:
+                    saved_at, save_s = self._one_step(log, bar, nonfinite, saved_at, save_s)
+                    if stop.signal is not None:
+                        if saved_at != self.global_step:
+                            self.save_checkpoint()
+                        print(f"jaxrl_hf: stopped by {stop.signal} after step {self.global_step}: checkpoint "
+                              f"{self.ckpt.ckpt_dir}/global_step_{self.global_step}; run the same command to resume",
+                              file=sys.stderr)
+                        return int(ExitCode.PREEMPTED)
+            finally:
+                if bar is not None:
+                    bar.close()
         if self.async_rollout is not None:
             self.async_rollout.drain()
         if c.trainer.export_hf:
-            self.roles.actor.export_hf(os.path.join(self.run_dir, "hf_actor"))
+            with progress.doing(f"exporting the actor as an HF model ({c.trainer.export_hf_dtype})"):
+                self.roles.actor.export_hf(os.path.join(self.run_dir, "hf_actor"))
         self._summary(saved_at)
         return 0
 
@@ -318,7 +329,7 @@ class RLTrainer:
             if bar is not None:
                 bar.update(self.global_step, info)
             else:
-                print(f"step {self.global_step}/{c.trainer.total_steps} {info}", file=sys.stderr)
+                progress.write(f"step {self.global_step}/{c.trainer.total_steps} {info}")
         nonfinite.check(self.global_step, metrics)
         save_s = None
         if c.trainer.save_freq > 0 and (self.global_step % c.trainer.save_freq == 0 or is_last):
