@@ -36,7 +36,12 @@ OPTIONS = {"max_num_seqs": 16, "kv_cache_gib": 0.25}
 PROMPTS = [list(map(int, np.random.default_rng(0).integers(3, BASE["vocab_size"], n))) for n in (5, 3, 9, 12)]
 
 
-@pytest.fixture(scope="module", params=sorted(FAMILIES))
+FAMILY_PARAMS = [pytest.param(name, marks=[pytest.mark.slow] if name == "gemma3_text" else [])
+                 for name in sorted(FAMILIES)]
+"""Gemma 3 text is `slow` (about a minute of CI time per family): Qwen3 and Gemma 2 run by default."""
+
+
+@pytest.fixture(scope="module", params=FAMILY_PARAMS)
 def family(request):
     config = tiny_config(**BASE, **FAMILIES[request.param])
     return request.param, config, jax.tree.map(jnp.asarray, random_params(config, seed=5))
