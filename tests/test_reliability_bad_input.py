@@ -1,5 +1,5 @@
 """Bad input ends a run with one clear line naming the key, file or row, and the exit code of its class (config 2,
-data 4), never a traceback on the screen: 20 configs, data files and model paths through ``run``, and a user
+data 4), never a traceback on the screen: 23 configs, data files and model paths through ``run``, and a user
 scorer that raises (in process and on the scoring pool). None of these starts a worker: they fail first."""
 
 from __future__ import annotations
