@@ -144,6 +144,32 @@ def test_window_512_at_4096_tokens_computes_15_of_36_causal_tiles():
     assert (tiles(0), tiles(512), backward) == (36, 15, 15)
 
 
+def test_windowed_blockwise_runs_only_the_visible_tiles(monkeypatch):
+    """The tiles actually computed (one host callback per tile) by the compiled forward, and by forward + backward:
+    T=64 in 8-token blocks, window 8: 15 of the 36 causal tiles each way."""
+    computed = []
+    block_scores = attn._block_scores
+
+    def counting(*args, **kwargs):
+        jax.debug.callback(lambda: computed.append(1))
+        return block_scores(*args, **kwargs)
+
+    monkeypatch.setattr(attn, "_block_scores", counting)
+    q, k, v = (x[:, :32] for x in _qkv(3, 1, 2, batch=1))
+    q, k, v = (jnp.concatenate([x, x], axis=1) for x in (q, k, v))  # T = 64
+    seg = jnp.ones((1, 64), jnp.int32)
+    fn = lambda q, k, v, w: jnp.sum(attn.blockwise_attention(q, k, v, seg, 0.3, 8, 8, w))  # noqa: E731
+    counts = {}
+    for window in (0, 8):
+        computed.clear()
+        jax.block_until_ready(jax.jit(fn)(q, k, v, jnp.int32(window)))
+        forward = len(computed)
+        computed.clear()
+        jax.block_until_ready(jax.jit(jax.grad(fn, argnums=(0, 1, 2)))(q, k, v, jnp.int32(window)))
+        counts[window] = (forward, len(computed))
+    assert counts == {0: (36, 72), 8: (15, 30)}, counts
+
+
 def test_blockwise_bfloat16_tracks_float32():
     """bfloat16 inputs: f32 scores, statistics and accumulators inside, so output and gradients stay within
     bfloat16 rounding of the float32 result."""
