@@ -18,7 +18,8 @@ Implementations of self-attention without a KV cache (``DecoderConfig.attn_imple
 * ``blockwise`` — `blockwise_attention`: the online-softmax ("flash") algorithm of Rabe & Staats 2021
   (*Self-attention does not need O(n²) memory*) and Dao et al. 2022 (*FlashAttention*; the backward of
   FlashAttention-2, Dao 2023, Alg. 2), pure JAX, O(T) memory in forward and backward. A fully-masked row
-  gets zeros.
+  gets zeros. Tiles no query of theirs can see (above the diagonal, or before a sliding window) are not
+  computed, so a windowed layer costs O(T * window).
 * ``cudnn`` — `cudnn_attention`: cuDNN's fused flash attention through ``jax.nn.dot_product_attention``
   (GPU, float16/bfloat16 only).
 * ``auto`` — `resolve_implementation`: cudnn where usable (no window, no softcap), else blockwise above
