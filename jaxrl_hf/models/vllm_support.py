@@ -2,19 +2,21 @@
 
 vLLM builds its model from the ``config.json`` this project writes (`jaxrl_hf.models.hf_config.decoder_config_to_hf`)
 and receives the weights under the HF names of `jaxrl_hf.models.weights_hf` (q/k norms, Gemma's pre/post
-feed-forward norms and its ``(1 + w)`` norm weights as stored, tied embeddings). Checked against vLLM 0.32 (CPU
-build), greedy tokens and log-probs against the native engine (``tests/test_rollout_vllm_families.py``):
+feed-forward norms and its ``(1 + w)`` norm weights as stored, tied embeddings). Against vLLM 0.32 (CPU build),
+greedy tokens equal to the native engine's and log-probs within 1e-4 of our forward where a test says so:
 
-==============  ==================================================================================
-model_type      what vLLM reads
-==============  ==================================================================================
-llama, qwen2    the base layout (Qwen2: QKV bias)
-qwen3           ``q_norm`` / ``k_norm``; a window only when every layer slides (see below)
-mistral         ``sliding_window`` on every layer
-gemma2          ``query_pre_attn_scalar``, both soft-caps, ``layer_types`` (alternating windows),
-                the sqrt(hidden_size) embedding scale, logits from the embedding (always tied)
-gemma3_text     as Gemma 2 plus q/k norms and ``rope_parameters`` per layer type (full / sliding)
-==============  ==================================================================================
+==============  ========================================================================  ==========================
+model_type      what vLLM reads                                                           checked
+==============  ========================================================================  ==========================
+llama           the base layout                                                           tests/test_rollout_vllm.py
+qwen2           the base layout with QKV bias                                             not run through vLLM
+qwen3           ``q_norm`` / ``k_norm``; a window only when every layer slides (below)   test_rollout_vllm_families
+mistral         ``sliding_window`` on every layer                                         once by hand (greedy)
+gemma2          ``query_pre_attn_scalar``, both soft-caps, ``layer_types`` (alternating   test_rollout_vllm_families
+                windows), the sqrt(hidden_size) embedding scale, logits from the
+                embedding (always tied)
+gemma3_text     as Gemma 2 plus q/k norms and ``rope_parameters`` per layer type          test_rollout_vllm_families
+==============  ========================================================================  ==========================
 
 Refused (`vllm_support_problem`): Qwen2/Qwen3 with a window on some layers only. vLLM's Qwen2/Qwen3 models do not
 read ``layer_types`` (Qwen2 asserts ``max_window_layers == num_hidden_layers``); measured: such a Qwen3 decodes as
