@@ -1,6 +1,8 @@
 """HF export of saved actor checkpoints (launch/export_hf.py, jaxrl_hf/trainer/hf_export.py): a real actor worker's
 checkpoint, written through the trainer's CheckpointManager, exported offline (sharded bf16 safetensors) loads in
-transformers and greedy-decodes exactly as our model on the same (bf16-rounded) weights; vLLM loads it too."""
+transformers and greedy-decodes exactly as our model on the same (bf16-rounded) weights; vLLM loads it too. (Qwen3,
+Gemma 2 and Gemma 3 text exports, written by the same `write_hf_model_dir`, are checked in transformers and vLLM by
+tests/test_rollout_vllm_families.py, next to their vLLM engine.)"""
 
 from __future__ import annotations
 

@@ -5,6 +5,7 @@ selection rules, rematerialisation policies, and the config keys that choose the
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 
 import jax
@@ -45,14 +46,16 @@ def _qkv(seed: int, kv_heads: int, groups: int, head_dim: int = 8, batch: int = 
     return tuple(jnp.asarray(x, jnp.float32) for x in (q, k, v))
 
 
-def _numpy_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, seg: np.ndarray, scale: float) -> np.ndarray:
-    """float64 loops: softmax over the keys j <= i of the query's own (non-zero) segment; no key -> NaN row."""
+def _numpy_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, seg: np.ndarray, scale: float,
+                     window: int = 0) -> np.ndarray:
+    """float64 loops: softmax over the keys j <= i of the query's own (non-zero) segment, with j > i - window when
+    window > 0; no key -> NaN row."""
     q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
     b_, t_, kh, g, _ = q.shape
     out = np.full(q.shape, np.nan)
     for b in range(b_):
         for i in range(t_):
-            keys = [j for j in range(i + 1) if seg[b, j] != 0 and seg[b, j] == seg[b, i]]
+            keys = [j for j in range(i + 1) if seg[b, j] != 0 and seg[b, j] == seg[b, i] and (not window or j > i - window)]
             if not keys:
                 continue
             for h in range(kh):
@@ -63,28 +66,34 @@ def _numpy_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, seg: np.ndarra
     return out
 
 
-CASES = [  # (segments case, kv_heads, groups, block_q, block_k)
-    ("causal", 4, 1, 16, 16),
-    ("gqa", 2, 3, 8, 8),
-    ("left_padding", 2, 2, 16, 8),
-    ("packed", 1, 4, 8, 16),
-    ("fully_masked", 2, 2, 5, 7),
+CASES = [  # (segments case, kv_heads, groups, block_q, block_k, sliding window; 0 = none)
+    ("causal", 4, 1, 16, 16, 0),
+    ("gqa", 2, 3, 8, 8, 0),
+    ("left_padding", 2, 2, 16, 8, 0),
+    ("packed", 1, 4, 8, 16, 0),
+    ("fully_masked", 2, 2, 5, 7, 0),
+    # windows narrower than a block: whole tiles before the window are skipped (forward and backward)
+    ("left_padding", 2, 2, 4, 8, 6),
+    ("packed", 1, 4, 8, 4, 5),
+    ("fully_masked", 2, 2, 5, 7, 3),
+    ("causal", 2, 2, 8, 8, 17),
 ]
 
 
-@pytest.mark.parametrize("case,kv_heads,groups,block_q,block_k", CASES)
-def test_blockwise_equals_eager_and_float64_reference(case, kv_heads, groups, block_q, block_k):
-    q, k, v = _qkv(len(case) + 10 * kv_heads, kv_heads, groups)
+@pytest.mark.parametrize("case,kv_heads,groups,block_q,block_k,window", CASES)
+def test_blockwise_equals_eager_and_float64_reference(case, kv_heads, groups, block_q, block_k, window):
+    q, k, v = _qkv(len(case) + 10 * kv_heads + window, kv_heads, groups)
     seg = _segments(case)
     scale = 8 ** -0.5
     valid = jnp.asarray(seg != 0)[:, :, None, None, None]
     segments = jnp.asarray(seg)
-    blockwise = lambda q, k, v: attn.blockwise_attention(q, k, v, segments, scale, block_q, block_k)  # noqa: E731
-    eager = lambda q, k, v: attn.eager_attention(q, k, v, segments, scale)  # noqa: E731
+    w = jnp.int32(window) if window else None
+    blockwise = lambda q, k, v: attn.blockwise_attention(q, k, v, segments, scale, block_q, block_k, w)  # noqa: E731
+    eager = lambda q, k, v: attn.eager_attention(q, k, v, segments, scale, w)  # noqa: E731
 
     got = np.asarray(jax.jit(blockwise)(q, k, v))
     want = np.asarray(jax.jit(eager)(q, k, v))
-    ref = _numpy_attention(q, k, v, seg, scale)
+    ref = _numpy_attention(q, k, v, seg, scale, window)
     rows = np.asarray(valid)[..., 0, 0, 0].astype(bool)
     np.testing.assert_allclose(got[rows], want[rows], atol=1e-5, rtol=1e-5)
     np.testing.assert_allclose(got[rows], ref[rows], atol=1e-5, rtol=1e-5)
@@ -101,6 +110,64 @@ def test_blockwise_equals_eager_and_float64_reference(case, kv_heads, groups, bl
         full = jax.grad(lambda q, k, v: jnp.sum(blockwise(q, k, v)), argnums=(0, 1, 2))(q, k, v)
         assert all(np.isfinite(np.asarray(g)).all() for g in full)
         assert np.all(np.asarray(full[0])[~rows] == 0.0)
+
+
+@pytest.mark.parametrize("block_q,block_k", [(8, 8), (4, 8), (8, 4), (5, 7)])
+def test_blockwise_skips_exactly_the_tiles_no_query_sees(block_q, block_k):
+    """`key_block_range` / `query_block_range` against a brute force over the (query, key) pairs of each tile: every
+    tile with a visible pair (causal, inside the window) is computed, every other one skipped."""
+    step = math.lcm(block_q, block_k)
+    t = step * max(3, -(-40 // step))  # a padded length, as blockwise_attention makes it
+    num_q, num_k = t // block_q, t // block_k
+    for window in (0, 1, 3, block_k, block_q + 5, t):
+        sees = lambda i, j: any(kk <= qq and (not window or kk > qq - window)  # noqa: E731
+                                for qq in range(i * block_q, (i + 1) * block_q)
+                                for kk in range(j * block_k, (j + 1) * block_k))
+        w = jnp.int32(window)
+        for i in range(num_q):
+            first, last = attn.key_block_range(i, block_q, block_k, num_k, w)
+            assert list(range(int(first), int(last))) == [j for j in range(num_k) if sees(i, j)], (window, i)
+        for j in range(num_k):
+            first, last = attn.query_block_range(j, block_q, block_k, num_q, w)
+            assert list(range(int(first), int(last))) == [i for i in range(num_q) if sees(i, j)], (window, j)
+
+
+def test_window_512_at_4096_tokens_computes_15_of_36_causal_tiles():
+    """The saving at T=4096 with 512-token blocks (the default): a window of 512 leaves each query block its own
+    diagonal tile and the one before it."""
+    def tiles(window):
+        ranges = [attn.key_block_range(i, 512, 512, 8, jnp.int32(window)) for i in range(8)]
+        return sum(int(last) - int(first) for first, last in ranges)
+
+    backward = sum(int(b) - int(a) for a, b in (attn.query_block_range(j, 512, 512, 8, jnp.int32(512))
+                                                  for j in range(8)))
+    assert (tiles(0), tiles(512), backward) == (36, 15, 15)
+
+
+def test_windowed_blockwise_runs_only_the_visible_tiles(monkeypatch):
+    """The tiles actually computed (one host callback per tile) by the compiled forward, and by forward + backward:
+    T=64 in 8-token blocks, window 8: 15 of the 36 causal tiles each way."""
+    computed = []
+    block_scores = attn._block_scores
+
+    def counting(*args, **kwargs):
+        jax.debug.callback(lambda: computed.append(1))
+        return block_scores(*args, **kwargs)
+
+    monkeypatch.setattr(attn, "_block_scores", counting)
+    q, k, v = (x[:, :32] for x in _qkv(3, 1, 2, batch=1))
+    q, k, v = (jnp.concatenate([x, x], axis=1) for x in (q, k, v))  # T = 64
+    seg = jnp.ones((1, 64), jnp.int32)
+    fn = lambda q, k, v, w: jnp.sum(attn.blockwise_attention(q, k, v, seg, 0.3, 8, 8, w))  # noqa: E731
+    counts = {}
+    for window in (0, 8):
+        computed.clear()
+        jax.block_until_ready(jax.jit(fn)(q, k, v, jnp.int32(window)))
+        forward = len(computed)
+        computed.clear()
+        jax.block_until_ready(jax.jit(jax.grad(fn, argnums=(0, 1, 2)))(q, k, v, jnp.int32(window)))
+        counts[window] = (forward, len(computed))
+    assert counts == {0: (36, 72), 8: (15, 30)}, counts
 
 
 def test_blockwise_bfloat16_tracks_float32():

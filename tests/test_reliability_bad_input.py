@@ -1,5 +1,5 @@
 """Bad input ends a run with one clear line naming the key, file or row, and the exit code of its class (config 2,
-data 4), never a traceback on the screen: 20 configs, data files and model paths through ``run``, and a user
+data 4), never a traceback on the screen: 23 configs, data files and model paths through ``run``, and a user
 scorer that raises (in process and on the scoring pool). None of these starts a worker: they fail first."""
 
 from __future__ import annotations
@@ -42,6 +42,13 @@ CASES = {
                              r"broken/config.json is not a JSON object"),
     "model dir without tokenizer": (["model.path={tmp}/notok"], {"notok/config.json": '{"model_type": "llama"}'},
                                     ExitCode.CONFIG, r"no tokenizer.json in the model directory"),
+    "vLLM and a Qwen3 window on some layers": (["model.path={tmp}/qwen3w", "rollout.name=vllm"], {
+        "qwen3w/config.json": json.dumps({"model_type": "qwen3", "vocab_size": 96, "hidden_size": 64,
+                                          "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
+                                          "use_sliding_window": True, "sliding_window": 6, "max_window_layers": 1}),
+        "qwen3w/tokenizer.json": "{}"}, ExitCode.CONFIG,
+        r"'model.path'=.*qwen3w': config key 'rollout.name'='vllm' cannot serve this model: model_type 'qwen3' with "
+        r"sliding_window=6 on layers \[1\] only"),
     "unknown logger": (["trainer.logger=[console,nope]"], {}, ExitCode.CONFIG, r"'trainer.logger'='nope': valid"),
     "torn list value": (["data.train_files=[a,"], {}, ExitCode.CONFIG,
                         r"'data.train_files'='\[a,': not a built-in dataset .* and no such file"),

@@ -50,9 +50,23 @@ def path_problems(config: RunConfig) -> list[tuple[str, object, str]]:
                                              "file or a hub id org/name cached locally"))
         elif os.path.isdir(path):
             problem = model_dir_problem(path, needs_tokenizer=key == "model")
+            if problem is None and key == "model" and config.rollout.name == "vllm":
+                problem = vllm_model_problem(path)
             if problem:
                 out.append((f"{key}.path", model_cfg.path, problem))
     return out
+
+
+def vllm_model_problem(path: str) -> str | None:
+    """Why ``rollout.name=vllm`` cannot serve the HF model at ``path`` (`jaxrl_hf.models.vllm_support`), or None."""
+    from jaxrl_hf.models.config import DecoderConfig
+    from jaxrl_hf.models.vllm_support import vllm_support_problem
+
+    try:
+        problem = vllm_support_problem(DecoderConfig.from_pretrained_dir(path))
+    except ValueError as err:
+        return f"{os.path.join(path, 'config.json')}: {err}"
+    return None if problem is None else f"config key 'rollout.name'='vllm' cannot serve this model: {problem}"
 
 
 def model_dir_problem(path: str, *, needs_tokenizer: bool) -> str | None:

@@ -18,7 +18,8 @@ Implementations of self-attention without a KV cache (``DecoderConfig.attn_imple
 * ``blockwise`` — `blockwise_attention`: the online-softmax ("flash") algorithm of Rabe & Staats 2021
   (*Self-attention does not need O(n²) memory*) and Dao et al. 2022 (*FlashAttention*; the backward of
   FlashAttention-2, Dao 2023, Alg. 2), pure JAX, O(T) memory in forward and backward. A fully-masked row
-  gets zeros.
+  gets zeros. Tiles no query of theirs can see (above the diagonal, or before a sliding window) are not
+  computed, so a windowed layer costs O(T * window).
 * ``cudnn`` — `cudnn_attention`: cuDNN's fused flash attention through ``jax.nn.dot_product_attention``
   (GPU, float16/bfloat16 only).
 * ``auto`` — `resolve_implementation`: cudnn where usable (no window, no softcap), else blockwise above
@@ -154,9 +155,25 @@ def _block_scores(qb: Array, kb: Array, q_seg: Array, kv_seg: Array, q_start: Ar
     return jnp.where(mask, scores, NEG_INF), mask
 
 
-def _last_key_block(q_block: Array, block_q: int, block_k: int, num_k_blocks: int) -> Array:
-    """One past the last key block that query block ``q_block`` can see causally (later ones are skipped)."""
-    return jnp.minimum(num_k_blocks, ((q_block + 1) * block_q - 1) // block_k + 1)
+def key_block_range(q_block: Array, block_q: int, block_k: int, num_k_blocks: int,
+                    window: Array) -> tuple[Array, Array]:
+    """``[first, last)`` key blocks that query block ``q_block`` can see; the others are skipped. Causal: its
+    last query ``(q_block + 1) * block_q - 1`` sees no later key. Window ``w > 0``: its first query
+    ``q_block * block_q`` sees no key ``j <= q_block * block_q - w`` (`window_mask`)."""
+    last = jnp.minimum(num_k_blocks, ((q_block + 1) * block_q - 1) // block_k + 1)
+    first = jnp.where(window > 0, jnp.maximum(0, (q_block * block_q - window + 1) // block_k), 0)
+    return first, last
+
+
+def query_block_range(k_block: Array, block_q: int, block_k: int, num_q_blocks: int,
+                      window: Array) -> tuple[Array, Array]:
+    """``[first, last)`` query blocks that see key block ``k_block`` (the backward's loop; `key_block_range`
+    transposed). Causal: no query before ``k_block * block_k``. Window ``w > 0``: no query after
+    ``(k_block + 1) * block_k - 1 + w - 1`` (its last key leaves every later query's window)."""
+    first = (k_block * block_k) // block_q
+    last = jnp.where(window > 0, jnp.minimum(num_q_blocks, ((k_block + 1) * block_k + window - 2) // block_q + 1),
+                     num_q_blocks)
+    return first, last
 
 
 def _flash_forward(q: Array, k: Array, v: Array, segments: Array, window: Array, scale: float, block_q: int,
@@ -184,7 +201,7 @@ def _flash_forward(q: Array, k: Array, v: Array, segments: Array, window: Array,
 
         init = (jnp.full((b, kh, g, block_q), NEG_INF, jnp.float32), jnp.zeros((b, kh, g, block_q), jnp.float32),
                 jnp.zeros((b, kh, g, block_q, d), jnp.float32))
-        m, l, acc = jax.lax.fori_loop(0, _last_key_block(i, block_q, block_k, num_k), key_block, init)
+        m, l, acc = jax.lax.fori_loop(*key_block_range(i, block_q, block_k, num_k, window), key_block, init)
         seen = l > 0
         safe_l = jnp.where(seen, l, 1.0)
         out = jnp.where(seen[..., None], acc / safe_l[..., None], 0.0)
@@ -229,8 +246,8 @@ def _flash_backward(q: Array, k: Array, v: Array, segments: Array, window: Array
             return dk, dv, dq
 
         zeros = jnp.zeros(kb.shape, jnp.float32)
-        first_q = (j * block_k) // block_q  # earlier query blocks cannot see this key block
-        dk, dv, dq = jax.lax.fori_loop(first_q, num_q, query_block, (zeros, zeros, dq))
+        dk, dv, dq = jax.lax.fori_loop(*query_block_range(j, block_q, block_k, num_q, window), query_block,
+                                       (zeros, zeros, dq))
         return dq, (dk, dv)
 
     dq, (dks, dvs) = jax.lax.scan(key_block, jnp.zeros(q.shape, jnp.float32), jnp.arange(num_k))
@@ -264,7 +281,9 @@ def blockwise_attention(q: Array, k: Array, v: Array, segments: Array, scale: fl
                         window: Array | int | None = None, softcap: float | None = None) -> Array:
     """Self-attention in ``block_q x block_k`` tiles with an online softmax and a recomputing backward
     (`_flash_forward`, `_flash_backward`): memory O(T) — the forward keeps the output and one log-sum-exp per
-    row, never a ``[T, T]`` array. Key blocks entirely above the diagonal are skipped.
+    row, never a ``[T, T]`` array. Tiles that no query of theirs can see are skipped in both passes: key blocks
+    entirely above the diagonal, and with a sliding ``window`` those entirely before it (`key_block_range`,
+    `query_block_range`), so a windowed layer costs O(T * window) instead of O(T^2).
 
     Blocks are clipped to ``T``; a ``T`` that is not a multiple of them is padded (segment id 0, so padded
     keys are never seen and padded queries are dropped). Equal to `eager_attention` except on fully-masked

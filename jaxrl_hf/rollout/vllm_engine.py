@@ -17,12 +17,17 @@ Lifecycle (the HybridFlow "hybrid engine": one process holds both the trainer an
      the worker's ``reload_weights`` (``collective_rpc``), which runs the
      model's own ``load_weights`` (fusing q/k/v into ``qkv_proj`` and gate/up into ``gate_up_proj``) and
      re-runs ``process_weights_after_loading`` into the engine's existing tensors (plus the tied LM head,
-     which vLLM's reload skips: ``_reprocess_tied_lm_head``). No disk round trip.
+     which vLLM's reload skips: ``vllm_reload.reprocess_tied_lm_head``). No disk round trip.
      The prefix cache is reset (its KV entries were computed with the old weights). Records
      ``last_sync_s`` / ``last_sync_bytes`` / ``last_sync_stats`` (``sync_metrics()``: ``perf/weight_sync_*``).
   3. ``generate``: one vLLM request per row (``n=1`` each, so every row has its own seed), token ids in,
      token ids out (no tokenizer is loaded: ``skip_tokenizer_init``).
   4. ``sleep()``: free the KV cache until the next ``set_params`` / ``generate``.
+
+Model families: Llama, Qwen2, Qwen3, Mistral, Gemma 2 and Gemma 3 text, from the same HF names and layouts as the
+export (q/k norms; Gemma's pre/post feed-forward norms, ``(1 + w)`` norm weights as stored, tied embeddings: vLLM's
+Gemma 2 takes its logits from the embedding itself). What vLLM reads from ``config.json`` per family, and the one
+refused case (Qwen2/Qwen3 windows on some layers only), is in `jaxrl_hf.models.vllm_support`.
 
 Sleep mode, GPU vs CPU
   * GPU (CUDA platform): ``enable_sleep_mode=True``; ``sleep()`` = ``llm.sleep(level)`` (level 1: weights
@@ -89,10 +94,12 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from jaxrl_hf.models.config import DecoderConfig
+from jaxrl_hf.models.vllm_support import vllm_support_problem
 from jaxrl_hf.rollout.base import GenerationOutput, SamplingParams
 from jaxrl_hf.rollout.padding import DEFAULT_LENGTH_BUCKETS, left_pad_prompts
 from jaxrl_hf.rollout.engine_memory import SleepMeter
 from jaxrl_hf.rollout.sync_plan import HOST, SyncStats, SyncTarget, sync_metrics
+from jaxrl_hf.rollout.vllm_reload import DropExpectedReloadWarnings, reprocess_tied_lm_head, worker_device
 from jaxrl_hf.rollout.weight_sync import gather_multihost, hf_weight_stream
 
 logger = logging.getLogger(__name__)
@@ -207,36 +214,6 @@ def request_seed(seed: int, row: int) -> int:
     return int(np.random.SeedSequence([int(seed) & 0xFFFFFFFF, int(row)]).generate_state(1)[0] & 0x7FFFFFFF)
 
 
-def _reprocess_tied_lm_head(worker: Any) -> bool:
-    """Worker-side (``collective_rpc``): re-run the LM head's post-load processing after a reload.
-
-    With tied embeddings the head shares the embedding's Parameter, so vLLM's layerwise reload writes the new
-    values into it but never re-processes the head layer itself ("ParallelLMHead: Failed to load weights").
-    On CPU that processing packs the weight for oneDNN into a separate buffer (``layer.cpu_linear``), so the
-    head would keep computing logits with the old (dummy) weights. Returns whether the head is tied."""
-    model = worker.model_runner.get_model()
-    head, embed = getattr(model, "lm_head", None), getattr(getattr(model, "model", None), "embed_tokens", None)
-    if head is None or embed is None or head.weight is not embed.weight:
-        return False
-    head.quant_method.process_weights_after_loading(head)
-    return True
-
-
-def _worker_device(worker: Any) -> str:
-    """Worker-side (``collective_rpc``): the torch device vLLM's model runs on (``cpu`` / ``cuda:N``)."""
-    return str(worker.device)
-
-
-class _DropExpectedReloadWarnings(logging.Filter):
-    """vLLM warns on every reload that RotaryEmbedding (no checkpoint tensors, only a derived cos/sin cache,
-    which is put back) and a tied ParallelLMHead (handled by ``_reprocess_tied_lm_head``) 'failed to load';
-    both are expected here, so those two records are dropped."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.msg == "%s: Failed to load weights" and record.args
-                    and record.args[0] in ("RotaryEmbedding", "ParallelLMHead"))
-
-
 class VllmRolloutEngine:
     """A vLLM ``LLM`` in this process, serving the actor's current weights (module docstring).
 
@@ -253,6 +230,9 @@ class VllmRolloutEngine:
                  options: Mapping[str, Any] | VllmOptions | None = None,
                  length_buckets: Sequence[int] = DEFAULT_LENGTH_BUCKETS) -> None:
         self.options = options if isinstance(options, VllmOptions) else VllmOptions.from_mapping(options)
+        problem = vllm_support_problem(config)
+        if problem is not None:
+            raise ValueError(f"rollout.name=vllm: {problem}")
         vllm = import_vllm()
         from vllm.platforms import current_platform
 
@@ -280,7 +260,7 @@ class VllmRolloutEngine:
             kwargs["kv_cache_memory_bytes"] = int(kv_gib * (1 << 30))
         if opts.distributed_executor_backend is not None:
             kwargs["distributed_executor_backend"] = opts.distributed_executor_backend
-        logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(_DropExpectedReloadWarnings())
+        logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(DropExpectedReloadWarnings())
         self.vllm_version = vllm.__version__
         live = VllmRolloutEngine._live() if VllmRolloutEngine._live is not None else None
         if live is not None and live._llm is not None:
@@ -296,7 +276,7 @@ class VllmRolloutEngine:
         self.last_sync_s = 0.0
         self.last_sync_bytes = 0
         self.last_sync_stats = SyncStats()
-        device = str(self._llm.collective_rpc(_worker_device)[0])  # "cpu" or "cuda:N": where the weights go
+        device = str(self._llm.collective_rpc(worker_device)[0])  # "cpu" or "cuda:N": where the weights go
         self.sync_target = HOST if device == "cpu" else SyncTarget("device", int(device.partition(":")[2] or 0))
         self.memory = SleepMeter(self.sync_target.torch_device)
         self._logged_path: str | None = None
@@ -363,7 +343,7 @@ class VllmRolloutEngine:
         self._llm.collective_rpc("reload_weights", kwargs={"weights_iterator": stream, "is_checkpoint_format": True})
         if gathered is not params:  # every leaf came through a cross-process gather
             stats.mark_all_copied("host_gather" if self.sync_target.memory == "host" else "device_gather")
-        if self.config.tie_word_embeddings and not all(self._llm.collective_rpc(_reprocess_tied_lm_head)):
+        if self.config.tie_word_embeddings and not all(self._llm.collective_rpc(reprocess_tied_lm_head)):
             raise RuntimeError("vLLM engine: tie_word_embeddings=True but the vLLM model's lm_head does not share the "
                                "embedding weight; the synced weights would not reach the output layer")
         if self._sleeping:
