@@ -304,3 +304,19 @@ def test_per_step_config_is_refused_with_multi_turn(smoke_prm):
     assert load_config("reinforce_pp", overrides=prm).reward_model.prm.aggregation == "per_step"
     with pytest.raises(ConfigError, match=r"reward_model.prm.aggregation'='per_step'.*multi_turn"):
         load_config("reinforce_pp", overrides=[*prm, "rollout.multi_turn.enable=true", "data.train_files=[calculator]"])
+
+
+@pytest.mark.usefixtures("trainer_session")
+def test_reinforce_pp_smoke_run_with_per_step_prm_rewards(smoke_prm, tmp_path):
+    """``launch/train.py --algo reinforce_pp --preset smoke`` for one step with per-step PRM rewards (the smoke
+    policy and PRM share SmolLM2's tokenizer): REINFORCE++'s token-level returns see each step's score."""
+    from jaxrl_hf.trainer import run
+    run_dir = tmp_path / "run"
+    overrides = [f"trainer.run_dir={run_dir}", "trainer.total_steps=1", "trainer.val_before_train=false",
+                 "reward_model.reward_manager=prm", f"reward_model.prm.path={smoke_prm[0]}",
+                 "reward_model.prm.aggregation=per_step", "reward_model.prm.weight=0.5"]
+    assert run("reinforce_pp", preset="smoke", overrides=overrides) == 0
+    records = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
+    assert [r["step"] for r in records] == [1]
+    assert 0 < records[0]["reward/prm_score_mean"] and records[0]["reward/prm_steps_mean"] >= 1
+    assert np.isfinite(records[0]["actor/pg_loss"]) and np.isfinite(records[0]["critic/advantages/max"])
