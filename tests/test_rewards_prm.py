@@ -1,5 +1,6 @@
 """Process reward models: step labels of the GSM8K construction, the boundary-token BCE against a float64 reference,
-the loss falling on a tiny model, the launch script's smoke preset, and the PRM reward manager's aggregation."""
+the loss falling on a tiny model, the launch script's smoke preset, the PRM reward manager's aggregation, and
+``per_step`` placement (vs a reference on hand-made token sequences, in the manager, and in a REINFORCE++ run)."""
 
 from __future__ import annotations
 
@@ -183,8 +184,8 @@ def test_prm_config_keys(smoke_prm):
 
 # ------------------------------------------------------------------------------------------ per_step placement
 def _reference_positions(tokenizer, ids, text, tag):
-    """Float64-free reference of the placement: step ends found by scanning the text for the tag, and each end's
-    token by a linear scan for the first decoded prefix that contains the text up to it (byte-complete)."""
+    """Reference placement, by other means than `step_end_offsets`/`step_end_tokens`: step ends found by scanning
+    the text for the tag, each end's token by a linear scan for the first decoded prefix holding the text up to it."""
     decode = response_decoder(tokenizer)
     ends, start = [], 0
     while start <= len(text):
