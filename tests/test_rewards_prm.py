@@ -252,6 +252,23 @@ def test_per_step_placement_matches_a_float64_reference(policy_tokenizer):
                                [0.5])
 
 
+def test_step_end_tokens_when_a_window_decodes_differently_from_the_prefix():
+    """A SentencePiece-style decoder drops the leading space of what it decodes, so decoding the tokens after the
+    previous step alone undercounts by one character: the full-prefix check catches the guess, bisection fixes it."""
+    pieces = ["A", " b", ".", "\n", " c", "d", "\n", " e", " f"]
+    def decode(ids):
+        return "".join(pieces[i] for i in ids).lstrip(" ")
+
+    ids = list(range(len(pieces)))
+    text = decode(ids)
+    assert text == "A b.\n cd\n e f"
+    ends = step_end_offsets(text)  # 'A b.\n' -> 5, ' cd\n' -> 9, ' e f' -> 13
+    assert ends == [5, 9, 13]
+    assert step_end_tokens(decode, ids, ends) == [3, 6, 8]
+    # the second window starts at ' c' (the first offset's token) and decodes as 'cd': its guess, '\n', is one late
+    assert step_end_tokens(decode, ids, [6, 8]) == [4, 5]
+
+
 def test_prm_manager_per_step_puts_each_step_on_its_token(smoke_prm):
     prm = load_process_reward_model(str(smoke_prm[0]))
     tok = prm.model.tokenizer

@@ -25,20 +25,37 @@ import numpy as np
 _PARTIAL = "\ufffd"  # what a byte-level decoder shows for an incomplete UTF-8 character
 
 
+def _bisect(reach: Callable[[int], int], lo: int, hi: int, c: int) -> int:
+    """Smallest ``j`` in ``[lo, hi]`` with ``reach(j) >= c`` (``reach`` non-decreasing, ``reach(hi) >= c``)."""
+    while lo < hi:
+        m = (lo + hi) // 2
+        if reach(m) >= c:
+            hi = m
+        else:
+            lo = m + 1
+    return lo
+
+
 def step_end_tokens(decode: Callable[[list[int]], str], ids: Sequence[int], ends: Sequence[int]) -> list[int]:
     """Index into ``ids`` of the token that ends each character offset of ``ends`` (the placement equation;
-    ``ends`` ascending, as `step_end_offsets` returns them). Binary search over decoded prefixes."""
+    ``ends`` ascending, as `step_end_offsets` returns them).
+
+    Each step's token is first guessed by bisecting on decodes of the tokens after the previous step's token only
+    (cheap, exact for byte-level BPE), then checked on two full-prefix decodes (``j`` reaches ``c_k``, ``j - 1``
+    does not); a guess that fails the check is replaced by a bisection on full-prefix decodes."""
     ids = [int(t) for t in ids]
     if not ids:
         if ends:
             raise ValueError(f"{len(ends)} step(s) but no response tokens to place them on")
         return []
-    reached: dict[int, int] = {}
+    cache: dict[int, int] = {}
 
-    def reach(j: int) -> int:
-        if j not in reached:
-            reached[j] = len(decode(ids[:j + 1]).rstrip(_PARTIAL))
-        return reached[j]
+    def reach(j: int) -> int:  # characters decoded from ids[0..j], an incomplete trailing character not counted
+        if j < 0:
+            return 0
+        if j not in cache:
+            cache[j] = len(decode(ids[:j + 1]).rstrip(_PARTIAL))
+        return cache[j]
 
     last, out, lo = len(ids) - 1, [], 0
     for c in ends:
@@ -46,15 +63,16 @@ def step_end_tokens(decode: Callable[[list[int]], str], ids: Sequence[int], ends
             out.append(last)
             lo = last
             continue
-        a, b = lo, last
-        while a < b:
-            m = (a + b) // 2
-            if reach(m) >= c:
-                b = m
-            else:
-                a = m + 1
-        out.append(a)
-        lo = a
+        base = reach(lo - 1)
+
+        def window(j: int, start: int = lo, base: int = base) -> int:
+            return base + len(decode(ids[start:j + 1]).rstrip(_PARTIAL))
+
+        guess = _bisect(window, lo, last, c) if window(last) >= c else last
+        if not (reach(guess) >= c and reach(guess - 1) < c):
+            guess = _bisect(reach, lo, last, c)
+        out.append(guess)
+        lo = guess
     return out
 
 
