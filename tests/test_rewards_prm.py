@@ -216,7 +216,8 @@ def test_per_step_placement_matches_a_float64_reference(policy_tokenizer):
     byte = {b: tok._tok.token_to_id(ch) for b, ch in ((0xC3, "Ã"), (0xA9, "©"))}  # byte-level pieces of 'é'
     nn = tok._tok.token_to_id("ĊĊ")  # one token '\n\n' (a sampled response may hold it before any text)
     a, b3, ans = tok.encode("a."), tok.encode("b = 3.\n"), tok.encode("#### 3")
-    no_tag, trunc, with_eos = tok.encode("The answer is 7"), tok.encode("Step one.\nStep tw"), tok.encode("x = 2.\n#### 2")
+    no_tag, trunc = tok.encode("The answer is 7"), tok.encode("Step one.\nStep tw")
+    with_eos = tok.encode("x = 2.\n#### 2")
     cases = {  # name: (ids, step tag, hand-checked token index of each step's end)
         # step 1 'a.' ends inside the '\n\n' token (its first '\n' is the tag), step 3 has no tag after it
         "mid_token": (a + [nn] + b3 + ans, "\n", [len(a), len(a) + len(b3), len(a) + len(b3) + len(ans)]),
@@ -318,7 +319,8 @@ def test_per_step_config_is_refused_with_multi_turn(smoke_prm):
     from jaxrl_hf.config.schema_rewards import PRMConfig
     from jaxrl_hf.rewards.prm_manager import PRM_AGGREGATIONS
     assert typing.get_args(typing.get_type_hints(PRMConfig)["aggregation"]) == PRM_AGGREGATIONS
-    prm = ["reward_model.reward_manager=prm", f"reward_model.prm.path={smoke_prm[0]}", "reward_model.prm.aggregation=per_step"]
+    prm = ["reward_model.reward_manager=prm", f"reward_model.prm.path={smoke_prm[0]}",
+           "reward_model.prm.aggregation=per_step"]
     assert load_config("reinforce_pp", overrides=prm).reward_model.prm.aggregation == "per_step"
     with pytest.raises(ConfigError, match=r"reward_model.prm.aggregation'='per_step'.*multi_turn"):
         load_config("reinforce_pp", overrides=[*prm, "rollout.multi_turn.enable=true", "data.train_files=[calculator]"])

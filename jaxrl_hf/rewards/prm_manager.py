@@ -10,14 +10,15 @@ the product/min, Wang et al. 2024 the min):
 * ``last``: ``r = p_K``       (the PRM's judgement after the final step);
 * ``per_step``: ``r_t = w · Σ_{k: t_k = t} p_k`` on the response token ``t_k`` that ends step ``k`` (its text and
   step tag; `jaxrl_hf.rewards.prm_placement`), so token-level estimators (GAE, REINFORCE++) credit each step;
-  an outcome estimator (GRPO) sees the sum ``Σ_t r_t = w · Σ_k p_k``, which is also the logged ``prm_score``.
+  an outcome estimator (GRPO) sees the sum ``Σ_t r_t = w · Σ_k p_k`` (``prm_score`` is ``r = Σ_k p_k``).
 
 For ``min``/``last``, ``r · prm_weight`` (``w``) is added to the rule score on the response's last valid token
 (``naive`` manager layout); a response with no step scores 0 from the PRM. ``per_step`` maps text offsets to the
 response's own tokens, so the scored text must be the decoded ``response_mask`` tokens (single-turn rollouts: a
-multi-turn rollout's tool tokens are refused at config time). The prompt of each response is, in this order: ``prompt_ids`` (the
-policy's chat-templated prompt tokens, what the trainer passes: the PRM must share the policy's tokenizer), the
-``prompts`` argument (messages or text, templated here), ``extra_info['prompt']``, ``extra_info['question']``.
+multi-turn rollout's tool tokens are refused at config time). The prompt of each response is, in this order:
+``prompt_ids`` (the policy's chat-templated prompt tokens, what the trainer passes: the PRM must share the policy's
+tokenizer), the ``prompts`` argument (messages or text, templated here), ``extra_info['prompt']``,
+``extra_info['question']``. Without ``responses`` or a manager ``tokenizer``, responses are decoded with the PRM's.
 """
 
 from __future__ import annotations
