@@ -42,10 +42,12 @@ class PRMConfig:
 
     path: Optional[str] = None
     """PRM directory written by ``launch/train_prm.py``."""
-    aggregation: Literal["min", "last"] = "min"
-    """How per-step probabilities become one reward: the worst step (``min``) or the last step (``last``)."""
+    aggregation: Literal["min", "last", "per_step"] = "min"
+    """How per-step probabilities become the reward: the worst step (``min``) or the last step (``last``) on the
+    last response token, or each step's score on the response token that ends the step (``per_step``: for
+    token-level estimators such as ``gae``/``reinforce_plus_plus``; single-turn rollouts only)."""
     weight: float = 1.0
-    """Multiplier of the aggregated PRM score added to the rule score."""
+    """Multiplier of the PRM score(s) added to the rule score."""
 
 
 @dataclass

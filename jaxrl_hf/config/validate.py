@@ -260,6 +260,11 @@ def check_data_and_rewards(config: RunConfig) -> None:
     if rm.reward_manager == "prm" and not rm.prm.path:
         _fail("reward_model.prm.path", rm.prm.path, "reward_model.reward_manager='prm' needs a PRM directory "
               "(launch/train_prm.py --out)")
+    agent = config.rollout.multi_turn.enable or config.rollout.loop == "multi_turn"
+    if rm.reward_manager == "prm" and rm.prm.aggregation == "per_step" and agent:
+        _fail("reward_model.prm.aggregation", rm.prm.aggregation, "places step scores on the policy's sampled tokens, "
+              "but rollout.multi_turn.enable=true (the multi_turn loop) masks tool tokens out of the response; use "
+              "'min' or 'last'")
     if rm.enable and not rm.path:
         _fail("reward_model.path", rm.path, "reward_model.enable needs a reward model directory or 'tiny-random'")
     if config.cost_model.enable and not config.cost_model.path:

@@ -54,7 +54,7 @@ def overlong_buffer_config(config: OverlongBufferConfig | Mapping[str, Any] | No
     return OverlongBufferConfig(**config)
 
 
-def _decoder(tokenizer: Any):
+def response_decoder(tokenizer: Any):
     """``ids -> str`` from a tokenizer: special tokens skipped when ``decode`` takes the flag."""
     decode = getattr(tokenizer, "decode", None)
     if not callable(decode):
@@ -98,7 +98,7 @@ class NaiveRewardManager:
         num_examine: int = 0,
     ) -> None:
         self.score_fn = score_fn or ScoreFnSpec()
-        self._decode = _decoder(tokenizer) if tokenizer is not None else None
+        self._decode = response_decoder(tokenizer) if tokenizer is not None else None
         self.num_examine = num_examine
         self._scorer = make_scorer(self.score_fn, num_workers, timeout_s)
 

@@ -181,6 +181,20 @@ def split_steps(response: str, step_tag: str = STEP_TAG) -> list[str]:
     return [s for s in response.split(step_tag) if s.strip()]
 
 
+def step_end_offsets(response: str, step_tag: str = STEP_TAG) -> list[int]:
+    """Character offset just past each step of ``split_steps(response, step_tag)``, one per step in order: the
+    end of the step's step tag when one follows it (the PRM reads a step after ``step + step_tag``), else the
+    end of the text (a last step with no tag, e.g. a truncated response)."""
+    pieces = response.split(step_tag)
+    ends, pos = [], 0
+    for j, piece in enumerate(pieces):
+        pos += len(piece)
+        if piece.strip():
+            ends.append(pos + (len(step_tag) if j < len(pieces) - 1 else 0))
+        pos += len(step_tag)
+    return ends
+
+
 def encode_steps(tokenizer: Any, prompt: Sequence[Mapping[str, Any]] | Sequence[int] | str, steps: Sequence[str],
                  step_tag: str = STEP_TAG) -> tuple[list[int], list[int]]:
     """``(ids, boundary positions)``: the chat-templated prompt (or ``prompt`` itself when it is already token ids),

@@ -3,16 +3,22 @@
 A response is split into steps exactly as the PRM was trained (`jaxrl_hf.rewards.prm_data.split_steps` on the
 step tag, each ``step + tag`` tokenised on its own after the chat-templated prompt); the PRM's probability
 ``p_k = sigmoid(v)`` at each step's boundary token is that step's score. The per-step scores are aggregated
-into one outcome-style reward (``reward_model.prm.aggregation``; Lightman et al. 2023 §3 use the product/min,
-Wang et al. 2024 the min):
+into one outcome-style reward, or kept per step (``reward_model.prm.aggregation``; Lightman et al. 2023 §3 use
+the product/min, Wang et al. 2024 the min):
 
 * ``min``:  ``r = min_k p_k``  (a solution is as good as its worst step);
-* ``last``: ``r = p_K``       (the PRM's judgement after the final step).
+* ``last``: ``r = p_K``       (the PRM's judgement after the final step);
+* ``per_step``: ``r_t = w · Σ_{k: t_k = t} p_k`` on the response token ``t_k`` that ends step ``k`` (its text and
+  step tag; `jaxrl_hf.rewards.prm_placement`), so token-level estimators (GAE, REINFORCE++) credit each step;
+  an outcome estimator (GRPO) sees the sum ``Σ_t r_t = w · Σ_k p_k`` (``prm_score`` is ``r = Σ_k p_k``).
 
-``r · prm_weight`` is added to the rule score on the response's last valid token (``naive`` manager layout);
-a response with no step scores 0 from the PRM. The prompt of each response is, in this order: ``prompt_ids`` (the
-policy's chat-templated prompt tokens, what the trainer passes: the PRM must share the policy's tokenizer), the
-``prompts`` argument (messages or text, templated here), ``extra_info['prompt']``, ``extra_info['question']``.
+For ``min``/``last``, ``r · prm_weight`` (``w``) is added to the rule score on the response's last valid token
+(``naive`` manager layout); a response with no step scores 0 from the PRM. ``per_step`` maps text offsets to the
+response's own tokens, so the scored text must be the decoded ``response_mask`` tokens (single-turn rollouts: a
+multi-turn rollout's tool tokens are refused at config time). The prompt of each response is, in this order:
+``prompt_ids`` (the policy's chat-templated prompt tokens, what the trainer passes: the PRM must share the policy's
+tokenizer), the ``prompts`` argument (messages or text, templated here), ``extra_info['prompt']``,
+``extra_info['question']``. Without ``responses`` or a manager ``tokenizer``, responses are decoded with the PRM's.
 """
 
 from __future__ import annotations
@@ -25,18 +31,19 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_hf.rewards.managers import NaiveRewardManager, RewardOutput
-from jaxrl_hf.rewards.prm_data import STEP_TAG, encode_steps, split_steps
+from jaxrl_hf.rewards.managers import NaiveRewardManager, RewardOutput, response_decoder
+from jaxrl_hf.rewards.prm_data import STEP_TAG, encode_steps, split_steps, step_end_offsets
+from jaxrl_hf.rewards.prm_placement import place_step_scores, step_end_tokens
 from jaxrl_hf.rewards.prm_training import make_step_score_fn
 from jaxrl_hf.rewards.rm_data import pad_right
 from jaxrl_hf.rewards.rm_io import RewardModel, load_reward_model
 
-PRM_AGGREGATIONS = ("min", "last")
+PRM_AGGREGATIONS = ("min", "last", "per_step")
 
 
 def aggregate_step_scores(step_scores: np.ndarray, step_mask: np.ndarray, how: str) -> np.ndarray:
-    """``[B]`` reward from per-step scores ``[B, S]`` where ``step_mask`` is 1 (``min`` or ``last``); 0 for a
-    row with no steps."""
+    """``[B]`` reward from per-step scores ``[B, S]`` where ``step_mask`` is 1 (``min``, ``last``, or the sum
+    ``Σ_k p_k`` for ``per_step``: what an outcome estimator sees); 0 for a row with no steps."""
     if how not in PRM_AGGREGATIONS:
         raise ValueError(f"reward_model.prm.aggregation={how!r}: valid values are {list(PRM_AGGREGATIONS)}")
     scores = np.asarray(step_scores, np.float64)
@@ -44,6 +51,8 @@ def aggregate_step_scores(step_scores: np.ndarray, step_mask: np.ndarray, how: s
     has = mask.any(axis=1)
     if how == "min":
         out = np.where(mask, scores, np.inf).min(axis=1)
+    elif how == "per_step":
+        out = np.where(mask, scores, 0.0).sum(axis=1)
     else:
         last = scores.shape[1] - 1 - np.argmax(mask[:, ::-1], axis=1)
         out = scores[np.arange(scores.shape[0]), last]
@@ -102,6 +111,7 @@ class PRMRewardManager(NaiveRewardManager):
             raise ValueError(f"reward_model.prm.aggregation={aggregation!r}: valid values are {list(PRM_AGGREGATIONS)}")
         super().__init__(**kwargs)
         self.prm, self.aggregation, self.prm_weight = prm, aggregation, float(prm_weight)
+        self._prm_decode: Any = None
 
     @staticmethod
     def _prompt(i: int, prompts: Sequence[Any] | None, extra_infos: Sequence[Mapping | None] | None,
@@ -121,18 +131,43 @@ class PRMRewardManager(NaiveRewardManager):
                  ground_truths: Sequence[Any], extra_infos: Sequence[Mapping | None] | None = None,
                  responses: Sequence[str] | None = None, prompts: Sequence[Any] | None = None,
                  prompt_ids: Sequence[Sequence[int]] | None = None) -> RewardOutput:
-        out = super().__call__(response_ids, response_mask, data_sources, ground_truths, extra_infos, responses)
         mask = np.asarray(response_mask).astype(bool)
-        texts = self._response_texts(np.asarray(response_ids), mask, responses)
+        ids = np.asarray(response_ids)
+        if responses is None and self._decode is None:  # the PRM shares the policy's tokenizer
+            responses = [self._decode_tokens(ids[i][mask[i]].tolist()) for i in range(mask.shape[0])]
+        out = super().__call__(response_ids, response_mask, data_sources, ground_truths, extra_infos, responses)
+        texts = self._response_texts(ids, mask, responses)
         items = [(self._prompt(i, prompts, extra_infos, prompt_ids), t) for i, t in enumerate(texts)]
         step_scores, step_mask = self.prm.step_scores(items)
         prm = aggregate_step_scores(step_scores, step_mask, self.aggregation)
-        lengths = mask.sum(axis=1)
-        last = mask.shape[1] - 1 - np.argmax(mask[:, ::-1], axis=1)
-        rows = np.nonzero(lengths > 0)[0]
         scores = out.token_level_scores.copy()
-        scores[rows, last[rows]] += (self.prm_weight * prm[rows]).astype(np.float32)
+        if self.aggregation == "per_step":
+            positions = [self._step_positions(i, ids, mask, texts[i]) for i in range(mask.shape[0])]
+            scores += place_step_scores(step_scores, step_mask, positions, mask.shape[1],
+                                        self.prm_weight).astype(np.float32)
+        else:
+            lengths = mask.sum(axis=1)
+            last = mask.shape[1] - 1 - np.argmax(mask[:, ::-1], axis=1)
+            rows = np.nonzero(lengths > 0)[0]
+            scores[rows, last[rows]] += (self.prm_weight * prm[rows]).astype(np.float32)
         extras = {**out.extras, "prm_score": prm.tolist(), "prm_steps": step_mask.sum(axis=1).tolist()}
         metrics = {**out.metrics, "reward/prm_score_mean": float(prm.mean()) if len(prm) else 0.0,
                    "reward/prm_steps_mean": float(step_mask.sum(axis=1).mean()) if len(prm) else 0.0}
         return RewardOutput(token_level_scores=scores, extras=extras, metrics=metrics)
+
+    def _decode_tokens(self, token_ids: list[int]) -> str:
+        if self._prm_decode is None:
+            self._prm_decode = self._decode or response_decoder(self.prm.model.tokenizer)
+        return self._prm_decode(token_ids)
+
+    def _step_positions(self, i: int, ids: np.ndarray, mask: np.ndarray, text: str) -> list[int]:
+        """Response columns of row ``i`` that end its steps (`prm_placement.step_end_tokens`)."""
+        valid = np.flatnonzero(mask[i])
+        tokens = ids[i][valid].tolist()
+        if self._decode_tokens(tokens) != text:
+            raise ValueError(
+                f"reward_model.prm.aggregation='per_step': response {i}'s scored text is not the decoding of its "
+                f"response_mask tokens (a multi-turn rollout's tool tokens?), so its steps cannot be placed on "
+                f"tokens; use aggregation 'min' or 'last' for such rollouts")
+        ends = step_end_offsets(text, self.prm.step_tag)
+        return valid[step_end_tokens(self._decode_tokens, tokens, ends)].tolist()

@@ -1,10 +1,11 @@
 """Rewards on the driver: the rule reward manager (``jaxrl_hf.rewards``) turned into Batch columns.
 
 ``RewardFunction(config, tokenizer)(batch)`` returns a Batch with ``token_level_scores [B, R]`` (the reward on
-the last response token), ``seq_score`` ``[B]`` (that reward: the scorer's score with the overlong penalty and
-the reward model's), ``score`` / ``acc`` ``[B]`` (what the scoring function returned, as verl's reward extra
-info; dynamic sampling filters on them) and, as objects, ``pred`` (the extracted answer, for maj@N); plus
-reward metrics in meta_info.
+the last response token; ``reward_model.prm.aggregation=per_step`` also puts step scores on earlier tokens),
+``seq_score`` ``[B]`` (that reward summed over tokens: the scorer's score with the overlong penalty and the
+reward model's), ``score`` / ``acc`` ``[B]`` (what the scoring function returned, as verl's reward extra info;
+dynamic sampling filters on them) and, as objects, ``pred`` (the extracted answer, for maj@N); plus reward
+metrics in meta_info.
 A learned reward model's ``rm_scores`` (from ``RewardModelWorker.compute_rm_score``) are added to the rule
 score with weight 1 (the rule score is scaled by ``reward_model.rule_weight``).
 """
