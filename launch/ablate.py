@@ -19,7 +19,8 @@ row                                   adds
 Every row runs with ``--seeds`` seeds (seed s sets ``rollout.seed``, ``data.seed`` and ``trainer.seed``), one run
 after another in this process (``jaxrl_hf.trainer.run``), into ``OUT/<row>/seed<s>``; a run whose
 ``metrics.jsonl`` already reaches ``trainer.total_steps`` is not run again (``--no-run``: none is run, and the
-summary covers the finished runs only). The score of a run is its final
+summary covers the finished runs only; ``--merge OLD.json`` adds, for a run not finished in OUT, the same run's
+result from an earlier ``ablation.json``). The score of a run is its final
 validation accuracy per data source (``val-core/<source>/acc/mean@N`` of the last ``validation.jsonl``
 record). Writes ``OUT/ablation.json`` (every run, and per row the mean and std over seeds) and
 ``OUT/ablation.png`` (mean ± std per row and data source) and ``OUT/curves.png`` (per row, the seed-mean of
@@ -97,6 +98,25 @@ def run_length(run_dir: str, configured: int | None) -> float:
         return float((yaml.safe_load(fh).get("trainer") or {}).get("total_steps") or math.inf)
 
 
+def same_run(a: list[str], b: list[str]) -> bool:
+    """Two runs' overrides name the same run, wherever its directory is (``trainer.run_dir`` aside)."""
+    def key(overrides: list[str]) -> list[str]:
+        return [o for o in overrides if not o.startswith("trainer.run_dir=")]
+
+    return key(a) == key(b)
+
+
+def carried_run(previous: dict[str, Any] | None, name: str, seed: int, overrides: list[str],
+                source: str) -> dict[str, Any] | None:
+    """The finished run ``(name, seed)`` of an earlier ``ablation.json`` (``--merge``) with the same overrides
+    (its final accuracy is kept; its per-step metrics are not, so it is left out of the curves)."""
+    for row in (previous or {}).get("rows", []):
+        for r in row["runs"] if row["row"] == name else []:
+            if r["seed"] == seed and r["status"] == 0 and r["final_acc"] and same_run(r["overrides"], overrides):
+                return {**r, "carried_from": source}
+    return None
+
+
 def summarize(rows: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
     """Per row: its runs and, per data source, the mean and (sample) std of the final accuracy over seeds."""
     out = []
@@ -138,7 +158,8 @@ def plot_curves(summary: list[dict[str, Any]], path: str) -> None:
     fig, axes = plt.subplots(1, len(CURVE_KEYS), figsize=(4.5 * len(CURVE_KEYS), 3.5))
     for ax, key in zip(axes, CURVE_KEYS):
         for row in summary:
-            steps, values = mean_curve([metric_curve(r["run_dir"], key) for r in row["runs"]])
+            curves = [c for c in (metric_curve(r["run_dir"], key) for r in row["runs"]) if c]  # carried: none
+            steps, values = mean_curve(curves)
             ax.plot(steps, values, marker=".", label=row["row"])
         ax.set_xlabel("training step")
         ax.set_ylabel(f"{key} (mean over seeds)")
@@ -182,6 +203,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="runs/ablation", help="output directory")
     parser.add_argument("--no-run", action="store_true",
                         help="run nothing: summarize only the finished runs in OUT (a cut-off ablation's results)")
+    parser.add_argument("--merge", default=None, metavar="ABLATION_JSON",
+                        help="with --no-run: a (row, seed) not finished in OUT takes its result from this earlier "
+                             "ablation.json when its overrides are the same (marked carried_from; not in the curves)")
     parser.add_argument("overrides", nargs="*", help="dotted config overrides applied to every row")
     args = parser.parse_args(argv)
     table = row_overrides()
@@ -192,6 +216,12 @@ def main(argv: list[str] | None = None) -> int:
     from jaxrl_hf.config import ConfigError, load_config
     from jaxrl_hf.trainer import run
 
+    if args.merge and not args.no_run:
+        parser.error("--merge needs --no-run (it summarizes; it does not replace a run)")
+    previous = None
+    if args.merge:
+        with open(args.merge, encoding="utf-8") as fh:
+            previous = json.load(fh)
     os.makedirs(args.out, exist_ok=True)
     results: dict[str, list[dict[str, Any]]] = {}
     failed = False
@@ -207,6 +237,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"ablation: config error in row {name}: {err}", file=sys.stderr)
                 return 2
             if args.no_run and last_step(run_dir) < total:
+                carried = carried_run(previous, name, seed, overrides, args.merge or "")
+                if carried:
+                    results.setdefault(name, []).append(carried)
                 continue
             status = 0 if last_step(run_dir) >= total else run("dapo", preset=args.preset, overrides=overrides)
             failed |= status != 0

@@ -100,3 +100,34 @@ def test_a_run_counted_in_epochs_is_as_long_as_its_resolved_config_says(tmp_path
     assert mod.run_length(str(tmp_path), None) == float("inf")
     (tmp_path / "config.yaml").write_text("trainer:\n  total_steps: 16\n  total_epochs: 1\n")
     assert mod.run_length(str(tmp_path), None) == 16 and mod.run_length(str(tmp_path), 7) == 7
+
+
+def test_merge_carries_an_earlier_result_only_for_the_same_unfinished_run(tmp_path):
+    """``--no-run --merge OLD``: a (row, seed) finished in OUT is read from OUT; one not finished takes OLD's result
+    when OLD ran it with the same overrides (marked ``carried_from``), never when an override differs; the
+    carried run has no metrics, so it stays out of the curves."""
+    mod = ablate()
+    out = tmp_path / "out"
+    run_dir = out / "naive_grpo" / "seed0"
+    run_dir.mkdir(parents=True)
+    (run_dir / "metrics.jsonl").write_text("\n".join(json.dumps({"step": t, "actor/entropy": 2.0 - t})
+                                                     for t in (1, 2, 3)))
+    (run_dir / "validation.jsonl").write_text(json.dumps({"step": 3, "val-core/arithmetic/acc/mean@4": 0.25}))
+    base = mod.row_overrides()["naive_grpo"]
+
+    def old_run(seed, lr):
+        ov = [*base, f"rollout.seed={seed}", f"data.seed={seed}", f"trainer.seed={seed}", "trainer.total_steps=3",
+              f"actor.optim.lr={lr}", f"trainer.run_dir=/elsewhere/seed{seed}", "trainer.overwrite=true"]
+        return {"seed": seed, "run_dir": f"/elsewhere/seed{seed}", "status": 0, "overrides": ov, "final_step": 3,
+                "final_acc": {"arithmetic": 0.5 + seed / 10}}
+
+    old = {"rows": [{"row": "naive_grpo", "runs": [old_run(0, "1e-5"), old_run(1, "1e-5"), old_run(2, "3e-5")]}]}
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    assert mod.main(["--no-run", "--merge", str(tmp_path / "old.json"), "--seeds", "3", "--rows", "naive_grpo",
+                     "--out", str(out), "trainer.total_steps=3", "actor.optim.lr=1e-5"]) == 0
+    (row,) = json.loads((out / "ablation.json").read_text())["rows"]
+    assert [(r["seed"], r["final_acc"]["arithmetic"], "carried_from" in r) for r in row["runs"]] == \
+        [(0, 0.25, False), (1, 0.6, True)]  # seed 2 ran with another lr: not carried
+    assert np.isclose(row["mean"]["arithmetic"], (0.25 + 0.6) / 2)
+    curves = [c for c in (mod.metric_curve(r["run_dir"], "actor/entropy") for r in row["runs"]) if c]
+    assert mod.mean_curve(curves) == ([1, 2, 3], [1.0, 0.0, -1.0])
