@@ -4,6 +4,7 @@ model is said to be that, not damage. Unit tests on fake restores, then a real s
 
 import logging
 import os
+import re
 import shutil
 
 import pytest
@@ -187,6 +188,9 @@ def test_a_config_that_changed_the_model_is_named_not_called_damage(saved_run, t
     assert code == ExitCode.CHECKPOINT, err[-3000:]
     line = [ln for ln in err.splitlines() if ln.startswith("jaxrl_hf: ")][-1]
     assert "the config changed the model" in line and "model.tiny.intermediate_size: 128 -> 96" in line, line
-    assert "global_step_2" in line and "not damage" in line and "Traceback" not in err
+    # the driver prints no traceback; lines Ray forwards from a worker process ("(ProcessHost pid=N) ...", e.g.
+    # its event loop closing under the shutdown) are the worker's, not the driver's
+    driver = [ln for ln in err.splitlines() if not re.search(r"\(\w+ pid=\d+", ln)]
+    assert "global_step_2" in line and "not damage" in line and not any("Traceback" in ln for ln in driver), line
     assert (run_dir / "config.yaml").read_text() == saved_config  # kept: the same command with the old model resumes
     assert sorted(os.listdir(run_dir / "checkpoints")) == sorted(os.listdir(saved_run / "checkpoints"))
