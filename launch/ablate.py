@@ -99,9 +99,10 @@ def run_length(run_dir: str, configured: int | None) -> float:
 
 
 def same_run(a: list[str], b: list[str]) -> bool:
-    """Two runs' overrides name the same run, wherever its directory is (``trainer.run_dir`` aside)."""
+    """Two runs' overrides name the same run, wherever its directory is (``trainer.run_dir`` and
+    ``trainer.overwrite``, which does not change a run's numbers, aside)."""
     def key(overrides: list[str]) -> list[str]:
-        return [o for o in overrides if not o.startswith("trainer.run_dir=")]
+        return [o for o in overrides if not o.startswith(("trainer.run_dir=", "trainer.overwrite="))]
 
     return key(a) == key(b)
 

@@ -117,7 +117,7 @@ def test_merge_carries_an_earlier_result_only_for_the_same_unfinished_run(tmp_pa
 
     def old_run(seed, lr):
         ov = [*base, f"rollout.seed={seed}", f"data.seed={seed}", f"trainer.seed={seed}", "trainer.total_steps=3",
-              f"actor.optim.lr={lr}", f"trainer.run_dir=/elsewhere/seed{seed}", "trainer.overwrite=true"]
+              f"actor.optim.lr={lr}", f"trainer.run_dir=/elsewhere/seed{seed}"]  # (no trainer.overwrite: older)
         return {"seed": seed, "run_dir": f"/elsewhere/seed{seed}", "status": 0, "overrides": ov, "final_step": 3,
                 "final_acc": {"arithmetic": 0.5 + seed / 10}}
 
