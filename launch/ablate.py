@@ -25,7 +25,8 @@ validation accuracy per data source (``val-core/<source>/acc/mean@N`` of the las
 record). Writes ``OUT/ablation.json`` (every run, and per row the mean and std over seeds) and
 ``OUT/ablation.png`` (mean ± std per row and data source) and ``OUT/curves.png`` (per row, the seed-mean of
 ``actor/entropy``, ``response_length/mean`` and ``actor/pg_clipfrac`` against the training step). Exit status:
-0; 1 if a run failed; 2 for a bad configuration.
+0; 1 if a run failed; 2 for a bad configuration; a run stopped by SIGTERM / Ctrl-C (75 / 130) stops the
+ablation with its status (the same command resumes it).
 """
 
 from __future__ import annotations
@@ -215,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown or args.seeds < 1:
         parser.error(f"--rows: unknown {unknown}; valid: {list(table)}" if unknown else "--seeds must be >= 1")
     from jaxrl_hf.config import ConfigError, load_config
+    from jaxrl_hf.errors import ExitCode
     from jaxrl_hf.trainer import run
 
     if args.merge and not args.no_run:
@@ -243,6 +245,10 @@ def main(argv: list[str] | None = None) -> int:
                     results.setdefault(name, []).append(carried)
                 continue
             status = 0 if last_step(run_dir) >= total else run("dapo", preset=args.preset, overrides=overrides)
+            if status in (ExitCode.PREEMPTED, ExitCode.INTERRUPTED):  # SIGTERM / Ctrl-C stops the ablation too
+                print(f"ablation: stopped in {name} seed {seed} (exit {status}); the same command resumes it",
+                      file=sys.stderr)
+                return int(status)
             failed |= status != 0
             results.setdefault(name, []).append({"seed": seed, "run_dir": run_dir, "status": status,
                                                  "overrides": overrides, "final_step": last_step(run_dir),

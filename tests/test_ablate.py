@@ -131,3 +131,17 @@ def test_merge_carries_an_earlier_result_only_for_the_same_unfinished_run(tmp_pa
     assert np.isclose(row["mean"]["arithmetic"], (0.25 + 0.6) / 2)
     curves = [c for c in (mod.metric_curve(r["run_dir"], "actor/entropy") for r in row["runs"]) if c]
     assert mod.mean_curve(curves) == ([1, 2, 3], [1.0, 0.0, -1.0])
+
+
+def test_a_run_stopped_by_sigterm_or_ctrl_c_stops_the_ablation(tmp_path, monkeypatch):
+    """A run that exits 75 (SIGTERM / first Ctrl-C, checkpoint saved) or 130 (second Ctrl-C) ends the ablation with
+    that status instead of starting the next run."""
+    import jaxrl_hf.trainer
+
+    mod = ablate()
+    for status in (75, 130):
+        calls = []
+        monkeypatch.setattr(jaxrl_hf.trainer, "run", lambda algo, preset=None, overrides=(): calls.append(1) or status)
+        assert mod.main(["--seeds", "2", "--rows", "naive_grpo,clip_higher", "--out", str(tmp_path / str(status)),
+                         "trainer.total_steps=3"]) == status
+        assert calls == [1]
