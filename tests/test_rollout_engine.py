@@ -151,3 +151,50 @@ def test_sampling_invalid_params_raise():
         SamplingParams(logprobs_mode="bogus")
     with pytest.raises(ValueError, match="n must be"):
         SamplingParams(n=0)
+
+
+def _nucleus_reference(row: np.ndarray, p: float) -> set:
+    order = np.argsort(-row.astype(np.float64), kind="stable")
+    probs = np.exp(row[order].astype(np.float64) - row.max())
+    probs /= probs.sum()
+    n_keep = int(np.searchsorted(np.cumsum(probs), p) + 1)
+    return set(order[:n_keep])
+
+
+@pytest.mark.parametrize("spread", ["peaked", "flat"])
+def test_top_p_filter_candidates_and_full_sort_agree_with_float64(spread):
+    """A peaked row's nucleus ends among the top-k candidates; a flat row's does not (the full-sort fallback)."""
+    from jaxrl_hf.rollout.sampling import NUCLEUS_CANDIDATES
+    rng = np.random.default_rng(1)
+    vocab = 4 * NUCLEUS_CANDIDATES + 37
+    logits = rng.normal(size=(4, vocab)).astype(np.float32) * (0.2 if spread == "flat" else 2.0)
+    if spread == "peaked":
+        logits[:, rng.choice(vocab, 30, replace=False)] += 9.0
+    kept = np.isfinite(np.asarray(jax.jit(top_p_filter)(jnp.asarray(logits), jnp.float32(0.7))))
+    for i in range(4):
+        ref = _nucleus_reference(logits[i], 0.7)
+        assert set(np.flatnonzero(kept[i])) == ref
+        assert (len(ref) < NUCLEUS_CANDIDATES) == (spread == "peaked")
+
+
+def test_inverse_cdf_sampling_matches_the_distribution():
+    from jaxrl_hf.rollout.sampling import categorical_by_inverse_cdf
+    probs = np.array([0.0, 0.5, 0.0, 0.2, 0.3, 0.0], np.float64)
+    logits = np.where(probs > 0, np.log(np.maximum(probs, 1e-300)), -np.inf).astype(np.float32)
+    draws = 20000
+    keys = jax.vmap(jax.random.fold_in, (None, 0))(jax.random.key(3), jnp.arange(draws))
+    tokens = np.asarray(jax.jit(categorical_by_inverse_cdf)(keys, jnp.broadcast_to(jnp.asarray(logits),
+                                                                                    (draws, 6))))
+    counts = np.bincount(tokens, minlength=6)
+    assert counts[probs == 0].sum() == 0  # masked tokens are never drawn
+    expected = probs * draws
+    chi2 = float(((counts - expected)[probs > 0] ** 2 / expected[probs > 0]).sum())
+    assert chi2 < 13.8  # 2 degrees of freedom, p = 0.001
+
+
+def test_inverse_cdf_sampling_never_draws_past_the_last_drawable_token(monkeypatch):
+    """u * total rounding up to the total must not select a trailing masked token."""
+    from jaxrl_hf.rollout import sampling
+    logits = jnp.asarray([[0.0, 0.0, -jnp.inf, -jnp.inf]], jnp.float32)
+    monkeypatch.setattr(jax.random, "uniform", lambda key, shape=(), dtype=jnp.float32: jnp.asarray(1.0, dtype))
+    assert int(sampling.categorical_by_inverse_cdf(jax.random.key(0)[None], logits)[0]) == 1

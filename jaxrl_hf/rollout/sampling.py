@@ -34,20 +34,59 @@ def top_k_filter(logits: jnp.ndarray, k: int) -> jnp.ndarray:
     return jnp.where(logits >= kth, logits, _MASKED)
 
 
+NUCLEUS_CANDIDATES = 256
+"""Tokens the top-p filter first looks among (``lax.top_k``); a row whose nucleus is larger falls back to a full
+sort of its vocabulary. On the 2-core CPU at ``[128, 49152]`` a full sort took 1.19 s, ``top_k(256)`` 22 ms."""
+
+
+def _nucleus_cutoff(sorted_logits: jnp.ndarray, log_norm: jnp.ndarray, p: float | jnp.ndarray) -> tuple:
+    """Over logits sorted in descending order, ``(cutoff, complete)``: the smallest kept logit of each row, and
+    whether the nucleus ended inside these candidates (the mass before the last one already reaches ``p``).
+
+    Token j (in descending order) is kept iff  sum_{i<j} softmax(z)_i < p  (the mass strictly before it)."""
+    probs = jnp.exp(sorted_logits - log_norm)
+    mass_before = jnp.cumsum(probs, axis=-1) - probs
+    keep = mass_before < p
+    cutoff = jnp.min(jnp.where(keep, sorted_logits, jnp.inf), axis=-1, keepdims=True)
+    return cutoff, ~keep[..., -1]
+
+
 def top_p_filter(logits: jnp.ndarray, p: float | jnp.ndarray) -> jnp.ndarray:
     """Nucleus filter: keep the top tokens whose cumulative probability first reaches ``p``.
 
     A token is kept iff the probability mass strictly before it (in descending order) is < p;
     ties with the last kept logit are kept too. ``p >= 1`` keeps everything.
+
+    Exact without sorting the vocabulary when it can be: the kept prefix is found among the
+    ``NUCLEUS_CANDIDATES`` largest logits (``lax.top_k``), normalised by the full vocabulary's logsumexp; only if
+    some row's nucleus does not end among them is the whole batch's vocabulary sorted.
     """
-    sorted_logits = jnp.sort(logits, axis=-1)[..., ::-1]
-    probs = jax.nn.softmax(sorted_logits, axis=-1)
-    mass_before = jnp.cumsum(probs, axis=-1) - probs
-    keep = mass_before < p
-    # Smallest kept logit per row (the first position is always kept since mass_before = 0 < p).
-    cutoff = jnp.min(jnp.where(keep, sorted_logits, jnp.inf), axis=-1, keepdims=True)
+    log_norm = jax.nn.logsumexp(logits, axis=-1, keepdims=True)
+    k = min(NUCLEUS_CANDIDATES, logits.shape[-1])
+    cutoff, complete = _nucleus_cutoff(jax.lax.top_k(logits, k)[0], log_norm, p)
+
+    def full_sort(_: jnp.ndarray) -> jnp.ndarray:
+        return _nucleus_cutoff(jnp.sort(logits, axis=-1)[..., ::-1], log_norm, p)[0]
+
+    if k < logits.shape[-1]:
+        cutoff = jax.lax.cond(jnp.all(complete | (jnp.asarray(p) >= 1.0)), lambda c: c, full_sort, cutoff)
     filtered = jnp.where(logits >= cutoff, logits, _MASKED)
     return jnp.where(jnp.asarray(p) >= 1.0, logits, filtered)
+
+
+def categorical_by_inverse_cdf(keys: jax.Array, logits: jnp.ndarray) -> jnp.ndarray:
+    """One draw per row from softmax(logits) (``-inf`` entries never drawn), by inverting the CDF with one uniform
+    per row: token = #{i : C_i <= u * C_V}, C = cumsum(softmax(logits)), u ~ U[0, 1) from the row's key.
+
+    The same distribution as ``jax.random.categorical`` (Gumbel-max), which draws a uniform per vocabulary entry:
+    at ``[128, 49152]`` on the 2-core CPU that took 125 ms a decode step, this a few ms."""
+    probs = jax.nn.softmax(logits, axis=-1)
+    cdf = jnp.cumsum(probs, axis=-1)
+    u = jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float32))(keys)
+    total = cdf[..., -1:]
+    index = jnp.sum(cdf <= u[:, None] * total, axis=-1)
+    last_drawable = jnp.argmax(cdf >= total, axis=-1)  # u * total can round up to total: never past this token
+    return jnp.minimum(index, last_drawable).astype(jnp.int32)
 
 
 def process_logits(logits: jnp.ndarray, temperature: float | jnp.ndarray, top_k: int,
@@ -75,7 +114,7 @@ def sample_tokens(keys: jax.Array, logits: jnp.ndarray, temperature: float | jnp
         logp_all = jax.nn.log_softmax(logits, axis=-1)
     else:
         processed = process_logits(logits, temperature, top_k, top_p, use_top_p)
-        tokens = jax.vmap(lambda k, z: jax.random.categorical(k, z))(keys, processed).astype(jnp.int32)
+        tokens = categorical_by_inverse_cdf(keys, processed)
         if logprobs_mode == "processed":
             logp_all = jax.nn.log_softmax(processed, axis=-1)
         elif logprobs_mode == "temperature":
