@@ -198,3 +198,27 @@ def test_inverse_cdf_sampling_never_draws_past_the_last_drawable_token(monkeypat
     logits = jnp.asarray([[0.0, 0.0, -jnp.inf, -jnp.inf]], jnp.float32)
     monkeypatch.setattr(jax.random, "uniform", lambda key, shape=(), dtype=jnp.float32: jnp.asarray(1.0, dtype))
     assert int(sampling.categorical_by_inverse_cdf(jax.random.key(0)[None], logits)[0]) == 1
+
+
+def test_n_samples_share_one_prefill_with_the_same_results():
+    """n > 1: each prompt is prefilled once (the program sees one row per prompt) and its samples equal the
+    samples of an engine that prefills every row."""
+    eng = JaxGenerationEngine(CONFIG, random_params(CONFIG, seed=11), pad_token_id=PAD, eos_token_ids=(),
+                              length_buckets=(8, 16), batch_buckets=(4, 8, 16))
+    prefill_rows = []
+    program = eng._program
+
+    def spy(params, ids, *args, **kwargs):
+        prefill_rows.append((ids.shape[0], kwargs["share"]))
+        return program(params, ids, *args, **kwargs)
+
+    eng._program = spy
+    sp = SamplingParams(temperature=1.0, top_p=0.8, n=4, max_new_tokens=10, seed=5)
+    shared = eng.generate(_prompts(lengths=(5, 3, 7)), sp)  # 12 rows -> batch bucket 16, 4 prompt rows
+    eng._prefill_share = lambda n, batch: 1
+    every_row = eng.generate(_prompts(lengths=(5, 3, 7)), sp)
+    assert prefill_rows == [(4, 4), (16, 1)]
+    assert np.array_equal(shared.prompt_ids, every_row.prompt_ids)
+    assert np.array_equal(shared.response_ids, every_row.response_ids)
+    np.testing.assert_allclose(shared.log_probs, every_row.log_probs, atol=1e-5)
+    assert not np.array_equal(shared.response_ids[0], shared.response_ids[1])  # the samples differ

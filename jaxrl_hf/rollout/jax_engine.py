@@ -64,21 +64,39 @@ def decode_step(params: Any, cache: dict, full_mask: jnp.ndarray, tokens: jnp.nd
     return module.apply(variables, hidden, method=CausalLM.logits_from_hidden)[:, 0], cache
 
 
+def _repeat_rows(x: jnp.ndarray, share: int, rows: int, axis: int = 0) -> jnp.ndarray:
+    """Each row ``share`` times in a row (row r of the result is row r // share of ``x``), cut to ``rows``."""
+    if share == 1:
+        return x
+    return jax.lax.slice_in_dim(jnp.repeat(x, share, axis=axis), 0, rows, axis=axis)
+
+
 def _generate_program(params: Any, prompt_ids: jnp.ndarray, prompt_mask: jnp.ndarray, row_valid: jnp.ndarray,
                       row_keys: jax.Array, temperature: jnp.ndarray, top_p: jnp.ndarray, *, module: CausalLM,
                       config: DecoderConfig, max_new: int, top_k: int, use_top_p: bool, greedy: bool,
-                      logprobs_mode: str, stop_ids: tuple[int, ...], pad_id: int, cache_dtype: str) -> tuple:
-    """Prefill + decode loop (pure; jitted by the engine). Returns (tokens, mask, logprobs, stopped)."""
-    batch, prompt_len = prompt_ids.shape
+                      logprobs_mode: str, stop_ids: tuple[int, ...], pad_id: int, cache_dtype: str,
+                      share: int = 1) -> tuple:
+    """Prefill + decode loop (pure; jitted by the engine). Returns (tokens, mask, logprobs, stopped).
+
+    ``share`` > 1: ``prompt_ids`` holds each prompt once and the ``row_valid.shape[0]`` rows are its ``share``
+    samples in a row; the prompt is prefilled once and its keys/values and first-token logits are copied to its
+    samples (the n samples of a prompt share one prefill, as vLLM's prefix cache does)."""
+    batch, prompt_len = row_valid.shape[0], prompt_ids.shape[1]
     cache = init_kv_cache(config, batch, prompt_len + max_new, cache_dtype)
     cache = jax.tree.map(lambda c: _constrain(module, c, KV_CACHE_LOGICAL_AXES), cache)
-    full_mask = jnp.concatenate([prompt_mask.astype(jnp.int32), jnp.ones((batch, max_new), jnp.int32)], axis=1)
-    positions = default_positions(prompt_mask)
     variables = {"params": params}
-    hidden, new_kv = module.apply(variables, prompt_ids, positions, full_mask, cache, 0,
-                                  method=CausalLM.hidden_states_and_new_kv)
+    prompt_rows = prompt_ids.shape[0]
+    prefill_mask = jnp.concatenate([prompt_mask.astype(jnp.int32), jnp.ones((prompt_rows, max_new), jnp.int32)],
+                                   axis=1)
+    prefill_cache = cache if share == 1 else init_kv_cache(config, prompt_rows, prompt_len + max_new, cache_dtype)
+    hidden, new_kv = module.apply(variables, prompt_ids, default_positions(prompt_mask), prefill_mask,
+                                  prefill_cache, 0, method=CausalLM.hidden_states_and_new_kv)
+    new_kv = jax.tree.map(lambda kv: _repeat_rows(kv, share, batch, axis=1), new_kv)
     cache = _store_kv(module, cache, new_kv, 0)
     logits = module.apply(variables, hidden[:, -1:], method=CausalLM.logits_from_hidden)[:, 0]
+    logits = _repeat_rows(logits, share, batch)
+    full_mask = _repeat_rows(prefill_mask, share, batch)
+    positions = default_positions(_repeat_rows(prompt_mask, share, batch))
     sample = partial(sample_tokens, temperature=temperature, top_k=top_k, top_p=top_p, use_top_p=use_top_p,
                      greedy=greedy, logprobs_mode=logprobs_mode)
     step_keys = lambda step: jax.vmap(jax.random.fold_in, (0, None))(row_keys, step)  # noqa: E731
@@ -148,7 +166,7 @@ class JaxGenerationEngine:
             return _generate_program(*args, **kwargs)
 
         statics = ("module", "config", "max_new", "top_k", "use_top_p", "greedy", "logprobs_mode", "stop_ids",
-                   "pad_id", "cache_dtype")
+                   "pad_id", "cache_dtype", "share")
         self._program = jax.jit(program, static_argnames=statics)
 
         def keyed_program(params: Any, ids: Any, mask: Any, valid: Any, key_data: Any, *args: Any,
@@ -197,16 +215,18 @@ class JaxGenerationEngine:
         process: ``row_group`` is ignored."""
         if self.multi_process:
             return self._generate_multiprocess(prompts, sampling, self.row_group if row_group is None else row_group)
-        ids, mask = self._left_pad(prompts)
-        ids, mask = np.repeat(ids, sampling.n, axis=0), np.repeat(mask, sampling.n, axis=0)
+        unique_ids, unique_mask = self._left_pad(prompts)
+        ids, mask = np.repeat(unique_ids, sampling.n, axis=0), np.repeat(unique_mask, sampling.n, axis=0)
         rows = ids.shape[0]
         if ids.shape[1] + sampling.max_new_tokens > self.config.max_position_embeddings:
             raise ValueError(f"generate: prompt bucket {ids.shape[1]} + max_new_tokens {sampling.max_new_tokens} "
                              f"exceeds max_position_embeddings {self.config.max_position_embeddings}")
         batch = bucket(rows, self.batch_buckets, "batch size (prompts x n)", self._batch_multiple)
-        pad_rows = batch - rows
-        ids_b = np.concatenate([ids, np.full((pad_rows, ids.shape[1]), self.pad_token_id, np.int32)])
-        mask_b = np.concatenate([mask, np.zeros((pad_rows, ids.shape[1]), np.int32)])
+        share = self._prefill_share(sampling.n, batch)
+        fill_ids, fill_mask = (unique_ids, unique_mask) if share > 1 else (ids, mask)  # one prefill per prompt
+        pad_rows = -(-batch // share) - fill_ids.shape[0]
+        ids_b = np.concatenate([fill_ids, np.full((pad_rows, ids.shape[1]), self.pad_token_id, np.int32)])
+        mask_b = np.concatenate([fill_mask, np.zeros((pad_rows, ids.shape[1]), np.int32)])
         valid = np.arange(batch) < rows
         base = jax.random.key(sampling.seed)
         row_keys = jax.vmap(jax.random.fold_in, (None, 0))(base, jnp.arange(batch))
@@ -216,7 +236,7 @@ class JaxGenerationEngine:
             row_keys, jnp.float32(temperature), jnp.float32(sampling.top_p), module=self._module,
             config=self.config, max_new=int(sampling.max_new_tokens), top_k=int(sampling.top_k),
             use_top_p=sampling.top_p < 1.0, greedy=sampling.is_greedy, logprobs_mode=sampling.logprobs_mode,
-            stop_ids=stop_ids, pad_id=self.pad_token_id, cache_dtype=self.cache_dtype)
+            stop_ids=stop_ids, pad_id=self.pad_token_id, cache_dtype=self.cache_dtype, share=share)
         tokens, out_mask, logp, stopped = jax.device_get((tokens, out_mask, logp, stopped))
         return GenerationOutput(
             prompt_ids=ids, prompt_mask=mask, response_ids=np.asarray(tokens[:rows]),
@@ -224,6 +244,13 @@ class JaxGenerationEngine:
             finish_reason=["stop" if s else "length" for s in stopped[:rows]])
 
     # ------------------------------------------------------------------------------------------
+    def _prefill_share(self, n: int, batch: int) -> int:
+        """How many rows share one prefill: ``n`` (a prompt's samples), unless the prompt rows would not split
+        evenly over the mesh's batch shards (then 1: every row prefilled)."""
+        if n <= 1:
+            return 1
+        return n if (-(-batch // n)) % self._batch_multiple == 0 else 1
+
     def _stop_ids(self, sampling: SamplingParams) -> tuple[int, ...]:
         return tuple(sorted(set(self.eos_token_ids) | set(sampling.stop_token_ids)))
 
