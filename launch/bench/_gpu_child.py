@@ -1,7 +1,8 @@
-"""One child process of ``bench_gpu.py``: the ``env`` + ``peak`` sections, one actor-update variant, or ``generate``.
+"""One child process of ``bench_gpu.py``: the ``env`` + ``peak`` sections, one actor-update variant, or one half
+of ``generate`` (transformers, then the native engine).
 
-    python launch/bench/_gpu_child.py --task env_peak|update|generate --json DIR/bench_gpu.json
-        [--quick] [--variant bf16-auto-none] [--deadline UNIX_TIME] [--log-prob]
+    python launch/bench/_gpu_child.py --task env_peak|update|generate_hf|generate_native --json DIR/bench_gpu.json
+        [--quick] [--variant bf16-auto-none] [--deadline UNIX_TIME] [--log-prob] [--work DIR]
 
 Each section runs in its own try/except (the traceback goes to the JSON) and writes every sub-measurement as
 soon as it has it (`_gpu_common.set_at`). A fresh process per variant gives each its own device allocator, so
@@ -20,7 +21,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from _gpu_common import DATASHEET_BF16_PEAK, error_record, log, set_at  # noqa: E402
+from _gpu_common import DATASHEET_BF16_PEAK, error_record, log, read_json, set_at  # noqa: E402
 
 PACKAGES = ("jax", "jaxlib", "jax-cuda13-plugin", "jax-cuda12-plugin", "flax", "optax", "orbax-checkpoint", "chex",
             "numpy", "torch", "transformers", "safetensors", "tokenizers")
@@ -55,13 +56,6 @@ def section_env(path: str) -> None:
     out.update({"backend": jax.default_backend(), "devices": [str(d) for d in devices],
                 "device_kind": d0.device_kind, "platform_version": getattr(d0.client, "platform_version", None),
                 "memory_stats": device_memory(d0)})
-    try:
-        import torch
-        out["torch_cuda"] = ({"available": True, "device": torch.cuda.get_device_name(0),
-                              "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version()}
-                             if torch.cuda.is_available() else "skipped: no CUDA for torch")
-    except Exception as err:  # torch is optional for this section
-        out["torch_cuda"] = f"error: {err}"
     try:
         smi = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version,clocks.max.sm,power.limit",
                               "--format=csv,noheader"], capture_output=True, text=True, timeout=20)
@@ -113,16 +107,27 @@ def section_peak(path: str, quick: bool) -> None:
         out[f"ours_{dtype}_s"] = time.perf_counter() - t
         set_at(path, ("sections", "peak"), out)
         log(f"peak: ours {dtype} {rate / 1e12:.2f} TFLOP/s ({how})")
-    try:
-        peer = torch_matmul_rate(256 if quick else 8192)
-        out["torch_bf16"] = peer
-        out["ours_over_torch_bf16"] = out["ours_bfloat16_flops_per_s"] / peer["flops_per_s"]
-        log(f"peak: torch bf16 {peer['flops_per_s'] / 1e12:.2f} TFLOP/s on {peer['device']}")
-    except Exception as err:
-        out["torch_bf16"] = error_record(err)
     out["ours_bf16_over_datasheet"] = out["ours_bfloat16_flops_per_s"] / DATASHEET_BF16_PEAK
     out["status"] = "ok"
     set_at(path, ("sections", "peak"), out)
+
+
+def section_torch(path: str, quick: bool) -> None:
+    """torch's CUDA facts (into ``env``) and the torch bf16 matmul peer (into ``peak``): last in the process,
+    after every JAX measurement, so torch's CUDA libraries are loaded only once JAX's work is done."""
+    import torch
+
+    info = ({"available": True, "device": torch.cuda.get_device_name(0), "cuda": torch.version.cuda,
+             "cudnn": torch.backends.cudnn.version()} if torch.cuda.is_available() else "skipped: no CUDA for torch")
+    set_at(path, ("sections", "env", "torch_cuda"), info, merge=False)
+    try:
+        peer = torch_matmul_rate(256 if quick else 8192)
+        ours = read_json(path).get("sections", {}).get("peak", {}).get("ours_bfloat16_flops_per_s")
+        set_at(path, ("sections", "peak"), {"torch_bf16": peer,
+                                            "ours_over_torch_bf16": ours / peer["flops_per_s"] if ours else None})
+        log(f"peak: torch bf16 {peer['flops_per_s'] / 1e12:.2f} TFLOP/s on {peer['device']}")
+    except Exception as err:
+        set_at(path, ("sections", "peak", "torch_bf16"), error_record(err), merge=False)
 
 
 def run_section(path: str, keys: tuple[str, ...], fn, *args) -> None:
@@ -135,24 +140,33 @@ def run_section(path: str, keys: tuple[str, ...], fn, *args) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--task", required=True, choices=("env", "peak", "env_peak", "update", "generate"))
+    parser.add_argument("--task", required=True,
+                        choices=("env", "peak", "env_peak", "update", "generate_hf", "generate_native"))
     parser.add_argument("--json", required=True)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--variant", default="bf16-auto-none")
     parser.add_argument("--deadline", type=float, default=float("inf"))
     parser.add_argument("--log-prob", action="store_true", help="also time compute_log_prob (update)")
+    parser.add_argument("--work", default=None, help="generate: the directory shared by its two children")
     args = parser.parse_args()
     if args.task in ("env", "env_peak"):
         run_section(args.json, ("env",), section_env)
     if args.task in ("peak", "env_peak"):
         run_section(args.json, ("peak",), section_peak, args.quick)
+    if args.task in ("env", "peak", "env_peak"):
+        try:
+            section_torch(args.json, args.quick)
+        except Exception as err:  # torch absent or broken: the JAX numbers stand
+            log(f"torch: ERROR {type(err).__name__}: {err}")
+            set_at(args.json, ("sections", "env", "torch_cuda"), f"error: {type(err).__name__}: {err}", merge=False)
     elif args.task == "update":
         from _gpu_update import run_variant
         run_section(args.json, ("update", "variants", args.variant), run_variant, args.variant, args.quick,
                     args.deadline, args.log_prob)
     else:
-        from _gpu_generate import run_generate
-        run_section(args.json, ("generate",), run_generate, args.quick, args.deadline)
+        import _gpu_generate
+        fn = _gpu_generate.run_generate_hf if args.task == "generate_hf" else _gpu_generate.run_generate_native
+        run_section(args.json, ("generate",), fn, args.quick, args.deadline, args.work)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import tempfile
@@ -62,7 +63,9 @@ def time_left(deadline: float) -> float:
 
 @contextlib.contextmanager
 def _locked(path: str) -> Iterator[None]:
-    with open(path + ".lock", "a") as lock:
+    """An exclusive lock for ``path``, kept outside its directory (the output folder holds only results)."""
+    key = hashlib.sha1(os.path.abspath(path).encode()).hexdigest()[:16]
+    with open(os.path.join(tempfile.gettempdir(), f"bench_gpu_{key}.lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
 

@@ -4,20 +4,22 @@ A random transformers ``Qwen2ForCausalLM`` (Qwen2-0.5B-like in the full run) is 
 minimal word-level ``tokenizer.json`` (the engines only see token ids), then loaded by
 ``jaxrl_hf.models.load_pretrained(dir, dtype="bfloat16")``. Both generate greedily from the same random prompt
 ids, every row exactly ``new`` tokens (no EOS for the native engine; ``min_new_tokens = max_new_tokens`` for
-transformers). Each engine is timed on its second call (the first compiles / warms up, reported). transformers
-runs first and frees its memory before JAX allocates. The greedy tokens are compared position by position (bf16
-on both sides: reported, never a failure).
+transformers). Each engine is timed on its second call (the first compiles / warms up, reported). Two child
+processes: transformers first (it builds and saves the model), then the native engine (JAX only: torch's CUDA
+libraries never share its process). The greedy tokens are compared position by position (bf16 on both sides:
+reported, never a failure).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import tempfile
 import time
 from typing import Any
 
-from _gpu_common import GENERATE_SHAPES, log, set_at, time_left
+from _gpu_common import GENERATE_SHAPES, log, read_json, set_at
+
+MODEL_DIR, PROMPTS_FILE, HF_IDS_FILE = "qwen2_random", "prompts.json", "hf_ids.json"
 
 
 def write_model_dir(out_dir: str, dims: dict[str, Any], device: str) -> Any:
@@ -32,7 +34,7 @@ def write_model_dir(out_dir: str, dims: dict[str, Any], device: str) -> Any:
     with torch.device(device):
         model = transformers.Qwen2ForCausalLM(config)
     model = model.to(torch.bfloat16).eval()
-    model.save_pretrained(out_dir, safe_serialization=True)
+    model.save_pretrained(out_dir)  # safetensors
     vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3}
     Tokenizer(models.WordLevel(vocab, unk_token="<unk>")).save(os.path.join(out_dir, "tokenizer.json"))
     with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as f:
@@ -104,7 +106,8 @@ def agreement(a: list[list[int]], b: list[list[int]]) -> dict[str, Any]:
             "rows_identical": sum(d == len(r) for d, r in zip(first_diff, a)), "rows": len(first_diff)}
 
 
-def run_generate(path: str, quick: bool, deadline: float) -> None:
+def run_generate_hf(path: str, quick: bool, deadline: float, work: str) -> None:
+    """Child 1 of 2: build and save the model (``work/model``), time transformers, keep its tokens (``work``)."""
     import numpy as np
     import torch
 
@@ -116,29 +119,43 @@ def run_generate(path: str, quick: bool, deadline: float) -> None:
     set_at(path, keys, out)
     rng = np.random.default_rng(0)
     prompts = rng.integers(4, shape["model"]["vocab_size"], (shape["batch"], shape["prompt"])).tolist()
-    with tempfile.TemporaryDirectory(prefix="bench_gpu_qwen2_") as model_dir:
-        t = time.perf_counter()
-        model = write_model_dir(model_dir, shape["model"], device)
-        out["build_and_save_s"] = time.perf_counter() - t
-        log(f"generate: random Qwen2 saved in {out['build_and_save_s']:.1f}s ({device})")
-        hf = hf_generate(model, prompts, shape["new"], device)
-        hf_ids = hf.pop("ids")
-        out["transformers"] = hf
-        set_at(path, keys, out)
-        log(f"generate: transformers {hf['tok_per_s']:.0f} tok/s ({hf['seconds']:.2f}s)")
-        del model
-        if device == "cuda":
-            torch.cuda.empty_cache()
-        if time_left(deadline) < (5 if quick else 45):
-            out["native"] = "skipped: budget"
-        else:
-            native = jax_generate(model_dir, prompts, shape["new"])
-            native_ids = native.pop("ids")
-            out["native"] = native
-            out["native_over_transformers"] = native["tok_per_s"] / hf["tok_per_s"]
-            out["greedy_agreement"] = agreement(native_ids, hf_ids)
-            log(f"generate: native {native['tok_per_s']:.0f} tok/s (compile {native['compile_s']:.1f}s), "
-                f"{out['native_over_transformers']:.2f}x transformers, "
-                f"{out['greedy_agreement']['equal_token_fraction']:.2f} tokens equal")
-    out["status"] = "ok"
+    with open(os.path.join(work, PROMPTS_FILE), "w") as f:
+        json.dump(prompts, f)
+    model_dir = os.path.join(work, MODEL_DIR)
+    t = time.perf_counter()
+    model = write_model_dir(model_dir, shape["model"], device)
+    out["build_and_save_s"] = time.perf_counter() - t
+    set_at(path, keys, out)
+    log(f"generate: random Qwen2 saved in {out['build_and_save_s']:.1f}s ({device})")
+    hf = hf_generate(model, prompts, shape["new"], device)
+    with open(os.path.join(work, HF_IDS_FILE), "w") as f:
+        json.dump(hf.pop("ids"), f)
+    out["transformers"] = {"status": "ok", **hf}
+    set_at(path, keys, out)
+    log(f"generate: transformers {hf['tok_per_s']:.0f} tok/s ({hf['seconds']:.2f}s)")
+
+
+def run_generate_native(path: str, quick: bool, deadline: float, work: str) -> None:
+    """Child 2 of 2 (JAX only, so no CUDA library of torch's is loaded beside JAX's): the native engine on the
+    saved model and prompts, its speed against transformers', and the greedy agreement."""
+    keys = ("sections", "generate")
+    shape = GENERATE_SHAPES["quick" if quick else "full"]
+    with open(os.path.join(work, PROMPTS_FILE)) as f:
+        prompts = json.load(f)
+    native = jax_generate(os.path.join(work, MODEL_DIR), prompts, shape["new"])
+    native_ids = native.pop("ids")
+    out: dict[str, Any] = {"native": native}
+    hf = read_json(path).get("sections", {}).get("generate", {}).get("transformers")
+    if isinstance(hf, dict) and hf.get("tok_per_s") and os.path.exists(os.path.join(work, HF_IDS_FILE)):
+        with open(os.path.join(work, HF_IDS_FILE)) as f:
+            out["greedy_agreement"] = agreement(native_ids, json.load(f))
+        out["native_over_transformers"] = native["tok_per_s"] / hf["tok_per_s"]
+        out["status"] = "ok"
+        log(f"generate: native {native['tok_per_s']:.0f} tok/s (compile {native['compile_s']:.1f}s), "
+            f"{out['native_over_transformers']:.2f}x transformers, "
+            f"{out['greedy_agreement']['equal_token_fraction']:.2f} tokens equal")
+    else:
+        out["status"] = "error"
+        out["error"] = "the transformers part did not finish (see its child output); native measured alone"
+        log(f"generate: native {native['tok_per_s']:.0f} tok/s (compile {native['compile_s']:.1f}s), no transformers")
     set_at(path, keys, out)

@@ -6,9 +6,9 @@ Runs beside the GPU work (started first by ``bench_gpu.py``, low priority): for 
 config (`_gpu_update.worker_config`) through `jaxrl_hf.memory_plan.programs.ActorLayout` and
 ``update_actor_program`` on one CPU device, as ``launch/plan_memory.py`` plans a run, and XLA's memory analysis
 (`jaxrl_hf.memory_plan.report.memory_stats`: ``peak_bytes_per_device`` = argument + output - alias + temp). No
-reference copy (role ``actor_rollout``), so nothing else is resident during the update. ``auto`` attention is
-planned as this backend resolves it (not cuDNN: see `jaxrl_hf.memory_plan.plan`). Each variant's result is
-written to ``--out`` as soon as it is compiled.
+reference copy (role ``actor_rollout``), so nothing else is resident during the update. ``auto`` attention
+is planned as ``blockwise`` (`planned_attention`; XLA:CPU has no cuDNN: see `jaxrl_hf.memory_plan.plan`).
+Each variant's result is written to ``--out`` as soon as it is compiled.
 """
 
 from __future__ import annotations
@@ -24,6 +24,12 @@ import traceback
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
+def planned_attention(name: str) -> str:
+    """``auto`` (cuDNN's fused attention on the GPU) is planned as ``blockwise``, the nearest kernel XLA:CPU has
+    (both O(T) memory; at T = 1024 keys XLA:CPU's own ``auto`` would take the [T, T] ``eager`` one)."""
+    return "blockwise" if name in ("auto", "cudnn") else name
+
+
 def plan_variant(variant: str, quick: bool) -> dict:
     import jax
 
@@ -37,7 +43,8 @@ def plan_variant(variant: str, quick: bool) -> dict:
     shape = UPDATE_SHAPES["quick" if quick else "full"]
     config = worker_run_config(worker_config(shape, variant, 1.0))
     m = config.model
-    decoder = tiny_decoder_config(m.tiny, m.dtype, m.remat, attn_implementation=m.attn_implementation)
+    decoder = tiny_decoder_config(m.tiny, m.dtype, m.remat,
+                                  attn_implementation=planned_attention(m.attn_implementation))
     decoder = dataclasses.replace(decoder, scan_layers=m.scan_layers)
     layout = P.ActorLayout.build(config, decoder, jax.devices()[:1])
     program = P.update_actor_program(layout)
@@ -45,8 +52,9 @@ def plan_variant(variant: str, quick: bool) -> dict:
     return {**stats, "param_bytes_per_device": program.param_bytes,
             "optimizer_bytes_per_device": program.optimizer_bytes, "compile_s": program.compile_s,
             "shapes": program.shapes, "backend": jax.default_backend(),
-            "attention_planned": resolve_implementation(decoder.attn_implementation, shape["prompt"] + shape["response"],
-                                                        decoder.dtype, decoder.head_dim)}
+            "attention_planned": resolve_implementation(decoder.attn_implementation,
+                                                        shape["prompt"] + shape["response"], decoder.dtype,
+                                                        decoder.head_dim)}
 
 
 def main() -> None:
@@ -56,10 +64,17 @@ def main() -> None:
     parser.add_argument("variants", nargs="+")
     args = parser.parse_args()
     results: dict = {}
+    done: dict = {}  # (planned attention, remat) -> the variant that planned it: the same program
     for variant in args.variants:
         t = time.perf_counter()
+        _, attn, remat = variant.split("-")
+        same = done.get((planned_attention(attn), remat))
         try:
-            results[variant] = {"status": "ok", **plan_variant(variant, args.quick)}
+            if same is not None:
+                results[variant] = {**results[same], "same_program_as": same}
+            else:
+                results[variant] = {"status": "ok", **plan_variant(variant, args.quick)}
+                done[(planned_attention(attn), remat)] = variant
         except Exception as err:
             results[variant] = {"status": "error", "error": f"{type(err).__name__}: {err}"[:2000],
                                 "traceback": traceback.format_exc()[-4000:]}

@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import collections
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -54,7 +55,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated, of {SECTIONS}")
     parser.add_argument("--variants", default=None,
                         help=f"update variants in priority order (default {','.join(UPDATE_VARIANTS)}; "
-                             "--quick: the first and the last)")
+                             "--quick: the first only)")
     parser.add_argument("--log-prob-all", action="store_true", help="time compute_log_prob in every variant")
     parser.add_argument("--no-plan", action="store_true", help="skip the XLA:CPU memory plan subprocess")
     parser.add_argument("--quick", action="store_true", help="toy sizes (CPU test)")
@@ -63,7 +64,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = sorted(set(args.sections) - set(SECTIONS))
     if unknown:
         parser.error(f"--sections: unknown {unknown}; valid: {list(SECTIONS)}")
-    default = (UPDATE_VARIANTS[0], UPDATE_VARIANTS[-1]) if args.quick else UPDATE_VARIANTS
+    default = UPDATE_VARIANTS[:1] if args.quick else UPDATE_VARIANTS
     args.variants = [v.strip() for v in args.variants.split(",")] if args.variants else list(default)
     return args
 
@@ -74,6 +75,8 @@ def child_env(mem_fraction: str, peak_cache: str) -> dict[str, str]:
     env.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", mem_fraction)
     env.setdefault("JAXRL_HF_PEAK_CACHE", peak_cache)
     env["PYTHONUNBUFFERED"] = "1"
+    for key in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HUB_DISABLE_TELEMETRY"):  # no network there
+        env.setdefault(key, "1")
     return env
 
 
@@ -179,24 +182,31 @@ def main(argv: list[str] | None = None) -> int:
 
     child = os.path.join(HERE, "_gpu_child.py")
     common = ["--json", path, *(["--quick"] if args.quick else [])]
+    generate = [(["--task", "generate_hf", "--work", tmp], ("sections", "generate"), "0.75"),
+                (["--task", "generate_native", "--work", tmp], ("sections", "generate"), "0.9")]
     tasks: list[tuple[list[str], tuple[str, ...], str]] = []
     first = [s for s in ("env", "peak") if s in args.sections]
     if first:
         tasks.append((["--task", "_".join(first)], ("sections", first[0]), "0.75"))
-    for i, variant in enumerate(args.variants if "update" in args.sections else []):
+    variants = args.variants if "update" in args.sections else []
+    for i, variant in enumerate(variants):
         lp = ["--log-prob"] if (i == 0 or args.log_prob_all) else []
         tasks.append((["--task", "update", "--variant", variant, *lp], ("sections", "update", "variants", variant),
                       "0.9"))
         if i == 0 and "generate" in args.sections:
-            tasks.append((["--task", "generate"], ("sections", "generate"), "0.7"))
-    if "generate" in args.sections and not any(t[0][1] == "generate" for t in tasks):
-        tasks.append((["--task", "generate"], ("sections", "generate"), "0.7"))
+            tasks += generate
+    if "generate" in args.sections and not variants:
+        tasks += generate
 
     for task_args, keys, fraction in tasks:
         left = time_left(deadline)
+        if task_args[1] == "generate_native" and not os.path.isfile(os.path.join(tmp, "qwen2_random", "config.json")):
+            log("skipping generate_native: the transformers child saved no model")
+            continue
         if left < (1 if args.quick else 15):
-            log(f"skipping {'/'.join(keys[1:])}: budget spent")
-            set_at(path, keys, {"status": "skipped: budget"})
+            log(f"skipping {' '.join(task_args[1:])}: budget spent")
+            native = task_args[1] == "generate_native"
+            set_at(path, keys, {"status": "skipped: budget" + (" (native engine part)" if native else "")})
             continue
         log(f"starting {' '.join(task_args[1:])} ({left:.0f}s of budget left)")
         code, tail = run_child([child, *task_args, *common, "--deadline", str(deadline)],
@@ -205,8 +215,10 @@ def main(argv: list[str] | None = None) -> int:
             mark_unfinished(path, keys, code, tail)
             if task_args[1] == "env_peak":
                 mark_unfinished(path, ("sections", "peak"), code, tail)
+            set_at(path, ("meta", "child_failures"), {" ".join(task_args[1:]): {"exit": code, "tail": tail[-2000:]}})
         merge_plan(path, plan_file)
         log(f"done {' '.join(task_args[1:])}: exit {code}")
+    shutil.rmtree(os.path.join(tmp, "qwen2_random"), ignore_errors=True)
 
     if plan_proc is not None:
         try:
