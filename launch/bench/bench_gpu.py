@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import collections
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -70,7 +71,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def child_env(mem_fraction: str, peak_cache: str) -> dict[str, str]:
+    """The children's environment: the repo importable, JAX's share of the device memory (kept when set), the
+    peak-FLOP/s cache shared by the children, offline Hugging Face libraries, one JAX device per process (the
+    worker's placement is 1 x 1 x 1: a test's ``--xla_force_host_platform_device_count`` is dropped)."""
     env = dict(os.environ)
+    flags = re.sub(r"--xla_force_host_platform_device_count=\S+", "", env.get("XLA_FLAGS", "")).strip()
+    if flags:
+        env["XLA_FLAGS"] = flags
+    else:
+        env.pop("XLA_FLAGS", None)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
     env.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", mem_fraction)
     env.setdefault("JAXRL_HF_PEAK_CACHE", peak_cache)
