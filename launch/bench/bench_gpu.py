@@ -47,6 +47,9 @@ from _gpu_common import (JSON_NAME, SECTIONS, UPDATE_VARIANTS, elapsed, log, rea
 from _gpu_tables import print_tables  # noqa: E402
 
 PENDING = "pending"
+JSON_PATH: list[str] = []
+RUNNING: list[subprocess.Popen] = []
+"""The child and the plan subprocess now running: stopped with the parent (SIGTERM from an outer timeout)."""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -99,7 +102,8 @@ def run_child(argv: list[str], env: dict[str, str], timeout: float) -> tuple[int
     """Run a child (its own process group), relaying its output; returns (exit code or 'timeout', output tail)."""
     tail: collections.deque = collections.deque(maxlen=40)
     proc = subprocess.Popen([sys.executable, *argv], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                            stderr=subprocess.STDOUT, text=True)
+    RUNNING.append(proc)
     relay = threading.Thread(target=_relay, args=(proc.stdout, tail), daemon=True)
     relay.start()
     try:
@@ -108,20 +112,38 @@ def run_child(argv: list[str], env: dict[str, str], timeout: float) -> tuple[int
         code = "timeout"
         _kill(proc)
     relay.join(timeout=5)
+    RUNNING.remove(proc)
     return code, "\n".join(tail)
 
 
 def _kill(proc: subprocess.Popen) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
+    """SIGTERM, then SIGKILL after 5 s (a child has no processes of its own to outlive it)."""
+    for stop in (proc.terminate, proc.kill):
+        if proc.poll() is not None:
             return
+        stop()
         try:
             proc.wait(timeout=5)
             return
         except subprocess.TimeoutExpired:
             continue
+
+
+def _on_signal(signum: int, _frame) -> None:
+    """An outer timeout or Ctrl-C: stop the children (what they wrote stays in the JSON) and exit."""
+    log(f"signal {signum}: stopping {len(RUNNING)} subprocess(es)")
+    for proc in list(RUNNING):
+        _kill(proc)
+
+    def mark(doc: dict) -> None:
+        sections = doc.get("sections", {})
+        for node in [*sections.values(), *sections.get("update", {}).get("variants", {}).values()]:
+            if node.get("status") in (PENDING, "running"):
+                node["status"] = f"interrupted: signal {signum}"
+        doc.get("meta", {})["elapsed_s"] = elapsed()
+    if JSON_PATH:
+        update_json(JSON_PATH[0], mark)
+    sys.exit(128 + signum)
 
 
 def mark_unfinished(path: str, keys: tuple[str, ...], code: int | str, tail: str) -> None:
@@ -168,8 +190,11 @@ def finish_update_status(path: str, variants: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _on_signal)
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, JSON_NAME)
+    JSON_PATH.append(path)
     deadline = float(os.environ["BENCH_GPU_T0"]) + args.budget_s
     tmp = tempfile.mkdtemp(prefix="bench_gpu_")
     doc = {"meta": {"argv": sys.argv[1:], "quick": args.quick, "budget_s": args.budget_s, "python": sys.version,
@@ -187,7 +212,8 @@ def main(argv: list[str] | None = None) -> int:
         env["JAX_PLATFORMS"] = "cpu"
         plan_proc = subprocess.Popen([sys.executable, os.path.join(HERE, "_gpu_plan.py"), "--out", plan_file,
                                       *(["--quick"] if args.quick else []), *args.variants], cwd=ROOT, env=env,
-                                     preexec_fn=lambda: os.nice(15), start_new_session=True)
+                                     preexec_fn=lambda: os.nice(15))
+        RUNNING.append(plan_proc)
 
     child = os.path.join(HERE, "_gpu_child.py")
     common = ["--json", path, *(["--quick"] if args.quick else [])]
