@@ -29,10 +29,13 @@ UPDATE_VARIANTS = ("bf16-auto-none", "bf16-blockwise-none", "bf16-auto-full", "b
 """Actor-update variants, most important first: ``<dtype>-<model.attn_implementation>-<model.remat>``."""
 
 # Qwen2.5-1.5B-like (tied embeddings; the random tiny-random model is a Llama: no qkv bias) and a 2-layer toy.
+# Micro-batches of 2 rows (8 per optimizer step): the project's XLA:CPU plan puts remat=none at 65 GiB per device
+# with 4-row micro-batches (48 GiB of activations), too close to an H100's 80 GB; 2 rows keep every variant on
+# one H100 with room to spare.
 UPDATE_SHAPES = {
     "full": {"model": dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_layers=28, num_heads=12,
                            num_kv_heads=2, max_position_embeddings=4096, tie_word_embeddings=True),
-             "rows": 16, "prompt": 512, "response": 512, "micro": 4, "repeats": 3},
+             "rows": 16, "prompt": 512, "response": 512, "micro": 2, "repeats": 3},
     "quick": {"model": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
                             num_kv_heads=2, max_position_embeddings=256, tie_word_embeddings=True),
               "rows": 4, "prompt": 16, "response": 16, "micro": 2, "repeats": 3},
