@@ -90,7 +90,7 @@ def print_tables(doc: dict[str, Any]) -> None:
         line = _status_line(name, section)
         if line:
             print(line, flush=True)
-        if section.get("status") in ("ok", "error", "timeout") or section.get("variants"):
+        if set(section) - {"status", "variants"} or any(len(v) > 1 for v in section.get("variants", {}).values()):
             try:
                 print("\n".join(TABLES[name](section)), flush=True)
             except Exception as err:  # a partial section must not stop the other tables

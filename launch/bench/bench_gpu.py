@@ -170,7 +170,7 @@ def merge_plan(path: str, plan_file: str | None) -> None:
             variants[name]["memory_plan"] = plan
             mem = variants[name].get("memory_after_update")
             planned = plan.get("peak_bytes_per_device")
-            if isinstance(mem, dict) and planned:
+            if isinstance(mem, dict) and mem.get("peak_bytes_in_use") and planned:
                 variants[name]["peak_bytes_measured_over_plan"] = mem["peak_bytes_in_use"] / planned
     update_json(path, apply)
 
@@ -182,9 +182,9 @@ def finish_update_status(path: str, variants: list[str]) -> None:
         for v in variants:
             if got.get(v, {}).get("status", PENDING) == PENDING:
                 got[v] = {"status": "skipped: budget"}
-        states = [got[v]["status"] for v in variants]
-        update["status"] = ("error" if any(s in ("error", "timeout") for s in states) else
-                            "ok" if "ok" in states else "skipped: budget")
+        states = [got[v]["status"] for v in variants]  # a variant killed at the budget is no error
+        update["status"] = ("error" if "error" in states else "ok" if "ok" in states else
+                            "timeout" if "timeout" in states else "skipped: budget")
     update_json(path, apply)
 
 
