@@ -54,7 +54,8 @@ def section_env(path: str) -> None:
     devices = jax.devices()
     d0 = devices[0]
     out.update({"backend": jax.default_backend(), "devices": [str(d) for d in devices],
-                "device_kind": d0.device_kind, "platform_version": getattr(d0.client, "platform_version", None),
+                "device_kind": d0.device_kind,
+                "platform_version": getattr(getattr(d0, "client", None), "platform_version", None),
                 "memory_stats": device_memory(d0)})
     try:
         smi = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version,clocks.max.sm,power.limit",

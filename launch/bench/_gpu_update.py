@@ -11,6 +11,7 @@ process only), and, with ``--log-prob``, ``compute_log_prob``'s first call and m
 from __future__ import annotations
 
 import copy
+import os
 import statistics
 import time
 from typing import Any
@@ -104,7 +105,8 @@ def run_variant(path: str, variant: str, quick: bool, deadline: float, log_prob:
     tokens = shape["rows"] * (shape["prompt"] + shape["response"])
     out: dict[str, Any] = {"status": "running", "options": variant_options(variant), "rows": shape["rows"],
                            "seq_len": shape["prompt"] + shape["response"], "micro_rows": shape["micro"],
-                           "tokens_per_update": tokens, "memory_before_init": device_memory()}
+                           "tokens_per_update": tokens, "memory_before_init": device_memory(),
+                           "xla_mem_fraction": os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION")}
     set_at(path, keys, out)
     t = time.perf_counter()
     worker = ActorRolloutRefWorker._instantiate(WorkerContext("actor", "bench_gpu", 0, 1),
