@@ -64,11 +64,15 @@ def time_left(deadline: float) -> float:
     return deadline - time.time()
 
 
+def lock_path(path: str) -> str:
+    """The lock file of ``path``, kept outside its directory (the output folder holds only results)."""
+    key = hashlib.sha1(os.path.abspath(path).encode()).hexdigest()[:16]
+    return os.path.join(tempfile.gettempdir(), f"bench_gpu_{key}.lock")
+
+
 @contextlib.contextmanager
 def _locked(path: str) -> Iterator[None]:
-    """An exclusive lock for ``path``, kept outside its directory (the output folder holds only results)."""
-    key = hashlib.sha1(os.path.abspath(path).encode()).hexdigest()[:16]
-    with open(os.path.join(tempfile.gettempdir(), f"bench_gpu_{key}.lock"), "a") as lock:
+    with open(lock_path(path), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
 
@@ -89,6 +93,7 @@ def update_json(path: str, fn: Callable[[dict[str, Any]], None]) -> dict[str, An
         fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", suffix=".tmp")
         with os.fdopen(fd, "w") as f:
             json.dump(doc, f, indent=1, default=str)
+        os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide the results from other readers
         os.replace(tmp, path)
     return doc
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import os
 import re
 import shutil
@@ -42,8 +43,8 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 os.environ.setdefault("BENCH_GPU_T0", str(time.time()))
 sys.path.insert(0, HERE)
 
-from _gpu_common import (JSON_NAME, SECTIONS, UPDATE_VARIANTS, elapsed, log, read_json, set_at,  # noqa: E402
-                         time_left, update_json)
+from _gpu_common import (JSON_NAME, SECTIONS, UPDATE_VARIANTS, elapsed, lock_path, log, read_json,  # noqa: E402
+                         set_at, time_left, update_json)
 from _gpu_tables import print_tables  # noqa: E402
 
 PENDING = "pending"
@@ -253,7 +254,6 @@ def main(argv: list[str] | None = None) -> int:
             set_at(path, ("meta", "child_failures"), {" ".join(task_args[1:]): {"exit": code, "tail": tail[-2000:]}})
         merge_plan(path, plan_file)
         log(f"done {' '.join(task_args[1:])}: exit {code}")
-    shutil.rmtree(os.path.join(tmp, "qwen2_random"), ignore_errors=True)
 
     if plan_proc is not None:
         try:
@@ -268,7 +268,11 @@ def main(argv: list[str] | None = None) -> int:
     for name, section in final["sections"].items():
         if section.get("status") == PENDING:
             set_at(path, ("sections", name), {"status": "skipped: budget"})
-    print_tables(read_json(path))
+    shutil.rmtree(tmp, ignore_errors=True)
+    doc = read_json(path)
+    with contextlib.suppress(OSError):
+        os.remove(lock_path(path))
+    print_tables(doc)
     log(f"finished; JSON at {path}")
     return 0
 
