@@ -23,8 +23,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 from _gpu_common import DATASHEET_BF16_PEAK, error_record, log, read_json, set_at  # noqa: E402
 
-PACKAGES = ("jax", "jaxlib", "jax-cuda13-plugin", "jax-cuda13-pjrt", "jax-cuda12-plugin", "flax", "optax", "orbax-checkpoint", "chex",
-            "numpy", "torch", "transformers", "safetensors", "tokenizers")
+PACKAGES = ("jax", "jaxlib", "jax-cuda13-plugin", "jax-cuda13-pjrt", "jax-cuda12-plugin", "flax", "optax",
+            "orbax-checkpoint", "chex", "numpy", "torch", "transformers", "safetensors", "tokenizers")
 
 
 def _version(name: str) -> str | None:
