@@ -10,6 +10,10 @@ the models.
 
 Colocation: several `WorkerGroup`s on one `ResourcePool` share its processes and JAX runtime
 (`colocate(pool, actor=..., ref=...)` creates them together).
+
+Ray is imported only by the Ray-backed names (`ResourcePool`, `ensure_ray`, `WorkerGroup`, `GroupMethod`,
+`colocate`), on first access: a worker driven in-process (launch/bench/bench_gpu.py, the benches) runs without
+Ray installed.
 """
 
 from jaxrl_hf.controller.batch import PAD_ROWS_KEY, Batch
@@ -18,9 +22,21 @@ from jaxrl_hf.controller.errors import (ControllerError, PoolBrokenError, Worker
 from jaxrl_hf.controller.futures import GroupFuture, set_call_timeout
 from jaxrl_hf.controller.layout import GroupLayout, MeshCoords, coords_from_mesh, coords_from_process_grid
 from jaxrl_hf.controller.protocols import Dispatch, Protocol, RankCall, register
-from jaxrl_hf.controller.resource_pool import ResourcePool, ensure_ray
 from jaxrl_hf.controller.worker import Worker, WorkerContext, process_local_rows
-from jaxrl_hf.controller.worker_group import GroupMethod, WorkerGroup, colocate
+
+_RAY_BACKED = {"ResourcePool": "resource_pool", "ensure_ray": "resource_pool", "GroupMethod": "worker_group",
+               "WorkerGroup": "worker_group", "colocate": "worker_group"}
+
+
+def __getattr__(name: str):
+    """The Ray-backed names, imported (with Ray) on first access (PEP 562)."""
+    if name in _RAY_BACKED:
+        import importlib
+
+        value = getattr(importlib.import_module(f"jaxrl_hf.controller.{_RAY_BACKED[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
     "PAD_ROWS_KEY",

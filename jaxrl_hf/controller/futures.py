@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import Any, Protocol as StructuralType
 
 import numpy as np
-import ray
 
 from jaxrl_hf.controller.batch import PAD_ROWS_KEY, Batch
 from jaxrl_hf.controller.errors import ControllerError, WorkerDiedError, WorkerMethodError, WorkerTimeoutError
@@ -94,6 +93,8 @@ class Plan:
 
     def fetch(self) -> list[Any]:
         """The producer ranks' outputs (zero-copy for numpy arrays on the same node)."""
+        import ray
+
         return ray.get([r.data for r in self.refs])
 
     def resolve(self) -> Any:
@@ -118,6 +119,8 @@ class ConcatPlan(Plan):
 
     def resolve_chunk(self, index: int, count: int) -> tuple[Batch, int]:
         """Fetches the row counts first, then only the outputs holding this chunk's rows."""
+        import ray
+
         lengths = ray.get([r.rows for r in self.refs])
         if any(n is None for n in lengths):
             raise TypeError("a DP protocol can only split Batch outputs; the future holds other values")
@@ -185,6 +188,8 @@ def _actor_id(err: BaseException) -> str | None:
 
 def _describe_failure(err: Exception, pool: str, role: str, rank: int, method: str) -> Exception:
     """Driver-side exception for a failed rank, naming pool, role, rank and method."""
+    import ray
+
     if isinstance(err, ray.exceptions.RayActorError):
         return WorkerDiedError(pool, role, rank, method, describe_death(str(err), actor_id=_actor_id(err)))
     if isinstance(err, ray.exceptions.RayTaskError):
@@ -224,6 +229,8 @@ def gather_results(
     still blocked (e.g. in a collective waiting for the dead one). Ranks that have not answered after
     ``timeout_s`` (default: ``set_call_timeout``'s) are named in a ``WorkerTimeoutError``.
     """
+    import ray
+
     timeout_s = _CALL_TIMEOUT_S if timeout_s is None else timeout_s
     results: list[Any] = [None] * len(refs)
     pending = {ref: rank for rank, ref in enumerate(refs)}
@@ -276,6 +283,8 @@ class GroupFuture:
 
     def done(self) -> bool:
         """True once every rank has finished (successfully or not)."""
+        import ray
+
         ready, _ = ray.wait(list(self.refs), num_returns=len(self.refs), timeout=0)
         return len(ready) == len(self.refs)
 

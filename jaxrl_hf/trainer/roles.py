@@ -19,13 +19,15 @@ the Ray cluster has (``auto``); a GPU pool whose JAX came up on the CPU is an er
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jaxrl_hf.config.memory_budget import worker_env
 from jaxrl_hf.config.schema import PoolConfig, RunConfig
-from jaxrl_hf.controller import ResourcePool, WorkerGroup
 from jaxrl_hf.trainer.preflight import check_pool_backend
 from jaxrl_hf.trainer.step import Roles
+
+if TYPE_CHECKING:  # imported where used: they import Ray, which `jaxrl_hf.trainer.metrics`' users need not have
+    from jaxrl_hf.controller import ResourcePool, WorkerGroup
 
 
 def actor_role_name(config: RunConfig) -> str:
@@ -37,6 +39,8 @@ def actor_role_name(config: RunConfig) -> str:
 def make_pool(config: RunConfig, name: str, pool_cfg: PoolConfig | None = None) -> ResourcePool:
     """The (not yet started) pool ``name``: the actor pool from ``placement`` and ``trainer.nnodes``, a
     separate critic/reward pool from its ``pool_cfg``."""
+    from jaxrl_hf.controller import ResourcePool
+
     p = config.placement
     procs = pool_cfg.num_processes if pool_cfg else p.num_processes
     devices = pool_cfg.devices_per_process if pool_cfg else p.devices_per_process
@@ -63,6 +67,7 @@ class RoleBuilder(contextlib.AbstractContextManager):
 
     def build(self) -> Roles:
         """Start the pools, create the groups and call ``init_model`` on each."""
+        from jaxrl_hf.controller import WorkerGroup
         from jaxrl_hf.workers import ActorRolloutRefWorker, CostModelWorker, CriticWorker, RewardModelWorker
         from jaxrl_hf.workers.rollout_worker import RolloutWorker, WeightSourceActorWorker
 
