@@ -51,6 +51,17 @@ GENERATE_SHAPES = {
 }
 
 
+SHAPE_OVERRIDES_ENV = "BENCH_GPU_SHAPES"
+"""JSON ``{"update": {...}, "generate": {...}}`` merged over the full shapes (``bench_gpu.py --micro / --gen-batch``
+set it; the children read it)."""
+
+
+def full_shapes() -> tuple[dict[str, Any], dict[str, Any]]:
+    """The full update and generate shapes with ``$BENCH_GPU_SHAPES`` applied."""
+    over = json.loads(os.environ.get(SHAPE_OVERRIDES_ENV) or "{}")
+    return {**UPDATE_SHAPES["full"], **over.get("update", {})}, {**GENERATE_SHAPES["full"], **over.get("generate", {})}
+
+
 def elapsed() -> float:
     return time.time() - START
 

@@ -17,7 +17,7 @@ import os
 import time
 from typing import Any
 
-from _gpu_common import GENERATE_SHAPES, log, read_json, set_at
+from _gpu_common import GENERATE_SHAPES, full_shapes, log, read_json, set_at
 
 MODEL_DIR, PROMPTS_FILE, HF_IDS_FILE = "qwen2_random", "prompts.json", "hf_ids.json"
 
@@ -112,7 +112,7 @@ def run_generate_hf(path: str, quick: bool, deadline: float, work: str) -> None:
     import torch
 
     keys = ("sections", "generate")
-    shape = GENERATE_SHAPES["quick" if quick else "full"]
+    shape = GENERATE_SHAPES["quick"] if quick else full_shapes()[1]
     device = "cuda" if torch.cuda.is_available() else "cpu"
     out: dict[str, Any] = {"status": "running", "batch": shape["batch"], "prompt_len": shape["prompt"],
                            "new_tokens": shape["new"], "model": shape["model"], "dtype": "bfloat16"}
@@ -139,7 +139,7 @@ def run_generate_native(path: str, quick: bool, deadline: float, work: str) -> N
     """Child 2 of 2 (JAX only, so no CUDA library of torch's is loaded beside JAX's): the native engine on the
     saved model and prompts, its speed against transformers', and the greedy agreement."""
     keys = ("sections", "generate")
-    shape = GENERATE_SHAPES["quick" if quick else "full"]
+    shape = GENERATE_SHAPES["quick"] if quick else full_shapes()[1]
     with open(os.path.join(work, PROMPTS_FILE)) as f:
         prompts = json.load(f)
     native = jax_generate(os.path.join(work, MODEL_DIR), prompts, shape["new"])

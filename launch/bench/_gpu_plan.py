@@ -33,14 +33,14 @@ def planned_attention(name: str) -> str:
 def plan_variant(variant: str, quick: bool) -> dict:
     import jax
 
-    from _gpu_common import UPDATE_SHAPES
+    from _gpu_common import UPDATE_SHAPES, full_shapes
     from _gpu_update import worker_config
     from jaxrl_hf.memory_plan import programs as P
     from jaxrl_hf.memory_plan.report import memory_stats
     from jaxrl_hf.models.attention import resolve_implementation
     from jaxrl_hf.workers.common import tiny_decoder_config, worker_run_config
 
-    shape = UPDATE_SHAPES["quick" if quick else "full"]
+    shape = UPDATE_SHAPES["quick"] if quick else full_shapes()[0]
     config = worker_run_config(worker_config(shape, variant, 1.0))
     m = config.model
     decoder = tiny_decoder_config(m.tiny, m.dtype, m.remat,

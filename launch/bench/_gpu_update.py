@@ -16,7 +16,7 @@ import statistics
 import time
 from typing import Any
 
-from _gpu_common import DATASHEET_BF16_PEAK, UPDATE_SHAPES, log, read_json, set_at, time_left
+from _gpu_common import DATASHEET_BF16_PEAK, UPDATE_SHAPES, full_shapes, log, read_json, set_at, time_left
 
 ROLE = "actor_rollout"  # no reference copy: the actor's own memory
 
@@ -99,7 +99,7 @@ def run_variant(path: str, variant: str, quick: bool, deadline: float, log_prob:
     from jaxrl_hf.workers import ActorRolloutRefWorker
 
     keys = ("sections", "update", "variants", variant)
-    shape = UPDATE_SHAPES["quick" if quick else "full"]
+    shape = UPDATE_SHAPES["quick"] if quick else full_shapes()[0]
     measured_peak = read_json(path).get("sections", {}).get("peak", {}).get("ours_bfloat16_flops_per_s")
     config = worker_config(shape, variant, measured_peak)
     tokens = shape["rows"] * (shape["prompt"] + shape["response"])

@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -43,7 +44,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 os.environ.setdefault("BENCH_GPU_T0", str(time.time()))
 sys.path.insert(0, HERE)
 
-from _gpu_common import (JSON_NAME, SECTIONS, UPDATE_VARIANTS, elapsed, lock_path, log, read_json,  # noqa: E402
+from _gpu_common import (JSON_NAME, SECTIONS, SHAPE_OVERRIDES_ENV, UPDATE_VARIANTS, elapsed, lock_path, log, read_json,  # noqa: E402
                          set_at, time_left, update_json)
 from _gpu_tables import print_tables  # noqa: E402
 
@@ -64,7 +65,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--log-prob-all", action="store_true", help="time compute_log_prob in every variant")
     parser.add_argument("--no-plan", action="store_true", help="skip the XLA:CPU memory plan subprocess")
     parser.add_argument("--quick", action="store_true", help="toy sizes (CPU test)")
+    parser.add_argument("--micro", type=int, default=None, help="update: rows per micro-batch (default 2)")
+    parser.add_argument("--gen-batch", type=int, default=None, help="generate: rows (default 64)")
     args = parser.parse_args(argv)
+    over = {"update": {"micro": args.micro} if args.micro else {},
+            "generate": {"batch": args.gen_batch} if args.gen_batch else {}}
+    if over["update"] or over["generate"]:
+        os.environ[SHAPE_OVERRIDES_ENV] = json.dumps(over)
     args.sections = [s.strip() for s in args.sections.split(",") if s.strip()]
     unknown = sorted(set(args.sections) - set(SECTIONS))
     if unknown:
