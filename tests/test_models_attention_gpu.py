@@ -1,9 +1,9 @@
 """cuDNN flash attention against eager attention on a GPU (skipped elsewhere; CI has no GPU).
 
 Run on a GPU machine: ``PYTHONPATH=. python -m pytest -q tests/test_models_attention_gpu.py``. The whole model's
-token log-probs and their gradients with ``attn_implementation=cudnn`` equal the eager path's (both bfloat16
-compute, f32 master weights) on left-padded rows, within bf16 tolerance; and each is within a looser bound of the
-float32 eager forward (the reference)."""
+token log-probs and their gradients with ``attn_implementation=cudnn`` (bfloat16 / float16
+compute, f32 master weights) on left-padded rows are no further from the float32 eager forward (the reference)
+than the eager path's in the same dtype."""
 
 from __future__ import annotations
 
@@ -42,18 +42,26 @@ def _loss_and_grad(config, params, ids, mask):
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_cudnn_attention_equals_eager_on_gpu(dtype):
+def test_cudnn_attention_is_as_close_to_float32_as_eager_on_gpu(dtype):
+    """Against the float32 eager forward (the reference), cuDNN's log-probs and gradients are no further off than
+    the eager path's in the same dtype, up to a small slack (measured on an H200: bf16 cuDNN and bf16 eager differ by
+    up to 0.11 in log-prob, as both round differently; float16 within 0.06)."""
     base = tiny_config(hidden_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
                        intermediate_size=512, dtype=dtype)
     params = random_params(dataclasses.replace(base, dtype="float32"))
     ids, mask = _batch()
-    results = {impl: _loss_and_grad(dataclasses.replace(base, attn_implementation=impl), params, ids, mask)
-               for impl in ("cudnn", "eager")}
-    ref = _loss_and_grad(dataclasses.replace(base, dtype="float32", attn_implementation="eager"), params, ids, mask)
-    (lc, pc, gc), (le, pe, ge) = results["cudnn"], results["eager"]
-    assert abs(lc - le) < 2e-2 and abs(lc - ref[0]) < 5e-2
-    np.testing.assert_allclose(pc, pe, atol=6e-2)
-    np.testing.assert_allclose(pc, ref[1], atol=1.5e-1)
-    for a, b in zip(jax.tree.leaves(gc), jax.tree.leaves(ge)):
-        a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
-        assert np.linalg.norm(a - b) <= 5e-2 * max(np.linalg.norm(b), 1e-6)
+    with jax.default_matmul_precision("highest"):  # float32 dots, not TF32
+        ref_loss, ref_logp, ref_grad = _loss_and_grad(dataclasses.replace(base, dtype="float32",
+                                                                          attn_implementation="eager"), params, ids, mask)
+    errors = {}
+    for impl in ("cudnn", "eager"):
+        loss, logp, grad = _loss_and_grad(dataclasses.replace(base, attn_implementation=impl), params, ids, mask)
+        grad_err = max(float(np.linalg.norm(np.asarray(a, np.float32) - np.asarray(b, np.float32))
+                             / max(np.linalg.norm(np.asarray(b, np.float32)), 1e-6))
+                       for a, b in zip(jax.tree.leaves(grad), jax.tree.leaves(ref_grad)))
+        errors[impl] = (abs(loss - ref_loss), float(np.abs(logp - ref_logp).max()), grad_err)
+    (loss_c, logp_c, grad_c), (loss_e, logp_e, grad_e) = errors["cudnn"], errors["eager"]
+    assert loss_c <= 1.5 * loss_e + 5e-3, errors
+    assert logp_c <= 1.5 * logp_e + 2e-2, errors
+    assert grad_c <= 1.5 * grad_e + 1e-2, errors
+    assert grad_c < 0.1, errors

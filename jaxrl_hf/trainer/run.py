@@ -234,6 +234,7 @@ class RLTrainer:
         c = self.config
         set_call_timeout(c.trainer.worker_timeout_s)
         enable_compilation_cache(c.trainer.compilation_cache_dir)
+        enable_float32_matmuls(c.model.dtype)
         with RunDirLock(self.run_dir), progress.configured(c.trainer.progress_bar):
             return self._fit()
 
@@ -368,6 +369,20 @@ def enable_compilation_cache(path: str | None) -> None:
     os.environ["JAX_COMPILATION_CACHE_DIR"] = path
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
+
+
+MATMUL_PRECISION_ENV = "JAX_DEFAULT_MATMUL_PRECISION"
+
+
+def enable_float32_matmuls(model_dtype: str) -> None:
+    """``model.dtype=float32`` computes its matmuls in float32 on GPUs too: XLA:GPU would otherwise run float32
+    dots on TF32 tensor cores (10-bit mantissa; on an H200 the model's log-probs then differed from transformers'
+    float32 by up to 6e-3). Sets ``JAX_DEFAULT_MATMUL_PRECISION=highest`` for this process and the workers it
+    starts, read when JAX is imported there (no effect on CPUs, which compute float32 dots in full); an explicit
+    setting in the environment wins. bfloat16 runs keep the default (their float32 parts, e.g. the LM head's
+    logits, may use TF32)."""
+    if model_dtype == "float32" and MATMUL_PRECISION_ENV not in os.environ:
+        os.environ[MATMUL_PRECISION_ENV] = "highest"
 
 
 def _number(value: Any) -> str:
