@@ -27,7 +27,9 @@ P, R, PROMPTS, N = 6, 8, 4, 2
 BASE = tiny_worker_config(lr=5e-3, n=N, response_length=R, seed=7, actor={"use_kl_loss": True},
                           placement={"num_processes": 1, "devices_per_process": 8, "train": {"pp": 1, "tp": 2, "dp": 4}})
 LOG_PROB_ATOL = 0.05  # |log p_bf16 - log p_f32| per token (tiny random model: log p ~ -11)
-METRIC_RTOL = 0.05  # pg_loss, grad_norm, kl_loss, entropy of one update (measured: <= 1.8%)
+METRIC_RTOL = 0.05  # pg_loss, grad_norm, entropy of one update (measured: <= 1.8%)
+KL_RTOL = 0.15  # kl_loss: the second mini-batch's KL to the reference after one lr-5e-3 step, which bf16 and f32 take
+# in slightly different directions (cosine > 0.9 below); measured 1.8% and 11% on two samples of the same prompts
 
 
 def make(dtype):
@@ -84,7 +86,8 @@ def test_bf16_log_probs_and_update_within_tolerance_of_float32(workers):
         worker.set_step(1)
         metrics.append(worker.update_actor(batch.union(Batch.from_dict({"advantages": adv}))).meta_info["metrics"])
     for key in ("actor/pg_loss", "actor/grad_norm", "actor/entropy", "actor/kl_loss"):
-        assert metrics[1][key] == pytest.approx(metrics[0][key], rel=METRIC_RTOL, abs=1e-6), key
+        rel = KL_RTOL if key == "actor/kl_loss" else METRIC_RTOL
+        assert metrics[1][key] == pytest.approx(metrics[0][key], rel=rel, abs=1e-6), key
     assert float_dtypes(bf16.state.params) == {"float32"} == float_dtypes(bf16.state.opt_state)
     moved = [np.concatenate([np.asarray(x).ravel() for x in jax.tree.leaves(w.state.params)]) - init
              for w in (f32, bf16)]
