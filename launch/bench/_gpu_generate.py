@@ -70,27 +70,16 @@ def hf_generate(model: Any, prompts: Any, new: int, device: str) -> dict[str, An
 def jax_generate(model_dir: str, prompts: list[list[int]], new: int) -> dict[str, Any]:
     import jax
 
+    from bench_generation import timed_greedy_generation
     from jaxrl_hf.models import load_pretrained
-    from jaxrl_hf.rollout import JaxGenerationEngine, SamplingParams
 
     t = time.perf_counter()
     lm = load_pretrained(model_dir, dtype="bfloat16")
     load_s = time.perf_counter() - t
-    engine = JaxGenerationEngine(lm.config, lm.params, pad_token_id=0, eos_token_ids=())
-    sp = SamplingParams(greedy=True, max_new_tokens=new)
-    t = time.perf_counter()
-    engine.generate(prompts, sp)
-    first = time.perf_counter() - t
-    t = time.perf_counter()
-    out = engine.generate(prompts, sp)
-    seconds = time.perf_counter() - t
-    tokens = int(out.response_mask.sum())
-    if tokens != len(prompts) * new:
-        raise RuntimeError(f"native engine generated {tokens} tokens, expected {len(prompts)} x {new}")
-    return {"tokens": tokens, "seconds": seconds, "tok_per_s": tokens / seconds, "first_call_s": first,
-            "compile_s": max(first - seconds, 0.0), "load_s": load_s, "backend": jax.default_backend(),
-            "dtype": lm.config.dtype, "num_params": lm.config.num_params(),
-            "ids": [list(map(int, row[:new])) for row in out.response_ids]}
+    result = timed_greedy_generation(lm.config, lm.params, 0, prompts, new)
+    ids = result.pop("response_ids")
+    return {**result, "load_s": load_s, "backend": jax.default_backend(), "dtype": lm.config.dtype,
+            "num_params": lm.config.num_params(), "ids": [list(map(int, row[:new])) for row in ids]}
 
 
 def agreement(a: list[list[int]], b: list[list[int]]) -> dict[str, Any]:
