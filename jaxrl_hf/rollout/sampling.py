@@ -79,7 +79,8 @@ def categorical_by_inverse_cdf(keys: jax.Array, logits: jnp.ndarray) -> jnp.ndar
     per row: token = #{i : C_i <= u * C_V}, C = cumsum(softmax(logits)), u ~ U[0, 1) from the row's key.
 
     The same distribution as ``jax.random.categorical`` (Gumbel-max), which draws a uniform per vocabulary entry:
-    at ``[128, 49152]`` on the 2-core CPU that took 125 ms a decode step, this a few ms."""
+    at ``[128, 49152]`` on the 2-core CPU the whole ``sample_tokens`` step (top-p 1) went from 122 to 41 ms
+    (``launch/bench/bench_sampling.py``, docs/BENCHMARKS.md)."""
     probs = jax.nn.softmax(logits, axis=-1)
     cdf = jnp.cumsum(probs, axis=-1)
     u = jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float32))(keys)
