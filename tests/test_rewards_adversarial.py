@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 import textwrap
 import time
 
@@ -62,11 +63,13 @@ class _SlowToCollect:
             _SlowToCollect.spent = time.perf_counter() - start
 
 
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
-def test_time_limit_raises_again_when_its_first_raise_lands_where_python_ignores_it():
+def test_time_limit_raises_again_when_its_first_raise_lands_where_python_ignores_it(monkeypatch):
     """The limit's first SIGALRM arrives inside a ``__del__`` (as inside JAX's gc callback in a real run), where
     the raise is ignored; the timer fires again and the call still stops soon after the limit (a one-shot timer
-    would let the loop below run its 3 s)."""
+    would let the loop below run its 3 s). The ignored raise is not reported: no "Exception ignored" line, and no
+    pytest unraisable-exception failure (this test no longer filters that warning)."""
+    reports = []
+    monkeypatch.setattr(sys, "unraisablehook", reports.append)
     start = time.perf_counter()
     with pytest.raises(ScoreTimeout):
         with time_limit(0.2):
@@ -74,6 +77,35 @@ def test_time_limit_raises_again_when_its_first_raise_lands_where_python_ignores
             while time.perf_counter() < start + 3.0:
                 pass
     assert _SlowToCollect.spent < 0.45  # the first raise did land in __del__ (and was ignored there)
+    assert time.perf_counter() - start < 1.0
+    assert reports == [] and sys.unraisablehook == reports.append  # dropped while armed; the hook is restored
+
+
+class _FailsToCollect:
+    def __del__(self):
+        raise ValueError("a scorer's own error in __del__")
+
+
+def test_time_limit_passes_other_ignored_errors_on_and_never_interrupts_their_report(monkeypatch):
+    """Another error Python ignores inside the body still reaches the previous ``sys.unraisablehook``, and a retry
+    due while that hook runs (here it spans the limit, as pytest's traceback formatting did in CI) waits until the
+    hook returns: the report is written whole, then the body stops."""
+    reports = []
+
+    def slow_hook(unraisable):
+        until = time.perf_counter() + 0.4
+        while time.perf_counter() < until:
+            pass
+        reports.append(unraisable.exc_type)
+
+    monkeypatch.setattr(sys, "unraisablehook", slow_hook)
+    start = time.perf_counter()
+    with pytest.raises(ScoreTimeout):
+        with time_limit(0.2):
+            _FailsToCollect()
+            while time.perf_counter() < start + 3.0:
+                pass
+    assert reports == [ValueError]
     assert time.perf_counter() - start < 1.0
 
 

@@ -12,12 +12,18 @@ Python ignores an exception raised where nothing can catch it: a garbage-collect
 one), a ``__del__``. A one-shot timer whose only raise lands there never stops the call (measured: a 1.5 s limit
 let a Math-Verify comparison run 26 s). So after the limit the timer keeps firing every ``RETRY_S`` until the
 raise lands in the call itself.
+
+A raise that lands where Python ignores it goes to ``sys.unraisablehook`` (which prints "Exception ignored in"
+and, under pytest, fails the test). While the limit is armed, ``time_limit`` installs a hook that drops those
+expected ``ScoreTimeout`` reports and hands every other report to the previous hook with the retries held off,
+so a retry cannot interrupt the report of another error (it once did, in CI, inside pytest's hook).
 """
 
 from __future__ import annotations
 
 import contextlib
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 
@@ -51,12 +57,24 @@ def time_limit(seconds: float | None) -> Iterator[_Armed]:
         yield _Armed(False)
         return
 
-    active = [True]
+    active, reporting = [True], [False]
 
     def _raise(signum, frame):  # noqa: ARG001 - signal handler signature
-        if active[0]:  # a signal still pending when the body has ended raises nothing
+        # a signal still pending when the body has ended, or one arriving while a report is written, raises nothing
+        if active[0] and not reporting[0]:
             raise ScoreTimeout(f"score took longer than {seconds:g} s")
 
+    previous_hook = sys.unraisablehook
+
+    def _report(unraisable) -> None:
+        reporting[0] = True
+        try:
+            if not isinstance(unraisable.exc_value, ScoreTimeout):
+                previous_hook(unraisable)
+        finally:
+            reporting[0] = False
+
+    sys.unraisablehook = _report
     previous_handler = signal.signal(signal.SIGALRM, _raise)
     previous_delay, previous_interval = signal.setitimer(signal.ITIMER_REAL, seconds, RETRY_S)
     try:
@@ -65,5 +83,6 @@ def time_limit(seconds: float | None) -> Iterator[_Armed]:
         active[0] = False
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous_handler)
+        sys.unraisablehook = previous_hook
         if previous_delay > 0:
             signal.setitimer(signal.ITIMER_REAL, previous_delay, previous_interval)
