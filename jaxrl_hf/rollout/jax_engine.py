@@ -38,6 +38,17 @@ from jaxrl_hf.rollout.sampling import sample_tokens
 DEFAULT_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 
+def default_cache_dtype(config: DecoderConfig, mesh: jax.sharding.Mesh | None = None) -> str:
+    """The KV cache's dtype when none is given: float32 on CPU devices, else the compute dtype.
+
+    XLA:CPU writes one slot of a bf16 cache in the decode loop by converting the whole cache to float32 and
+    back (no in-place bf16 ``dynamic-update-slice``) and converts it again to attend; a float32 cache is written
+    in place and read once. The keys and values are compute-dtype numbers either way, which float32 holds
+    exactly, so the samples and log-probs are identical (``launch/bench/bench_kv_cache_dtype.py``)."""
+    device = mesh.devices.flat[0] if mesh is not None else jax.devices()[0]
+    return "float32" if device.platform == "cpu" else config.dtype
+
+
 def _constrain(module: CausalLM, x: jnp.ndarray, names: tuple) -> jnp.ndarray:
     """``x`` constrained to the logical axes ``names`` on the module's mesh (no-op without mesh and rules)."""
     if module.mesh is None or module.rules is None:
@@ -155,7 +166,7 @@ class JaxGenerationEngine:
         self.mesh, self.rules = mesh, (tuple(tuple(r) for r in rules) if rules is not None else None)
         self.length_buckets = tuple(sorted(length_buckets))
         self.batch_buckets = tuple(sorted(batch_buckets))
-        self.cache_dtype = cache_dtype or config.dtype
+        self.cache_dtype = cache_dtype or default_cache_dtype(config, mesh)
         self._module = make_module(config, mesh, self.rules)
         self._batch_multiple = 1
         if mesh is not None:
