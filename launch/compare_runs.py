@@ -20,7 +20,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from plot import COLORS, load_series  # noqa: E402  (launch/plot.py)
+from plot import COLORS, finish_panel, load_series  # noqa: E402  (launch/plot.py)
 
 PANELS = [
     ("training accuracy (train batch)", "critic/acc/mean"),
@@ -76,13 +76,7 @@ def draw(runs: dict[str, dict[str, list[tuple[float, float]]]], window: int) -> 
             else:
                 ax.plot(xs, ys, color=color, label=label, marker="o" if key.startswith("val:") else None)
             drawn += 1
-        ax.set_title(title)
-        ax.set_xlabel("step")
-        ax.grid(True, alpha=0.3)
-        if drawn:
-            ax.legend(fontsize=8)
-        else:
-            ax.text(0.5, 0.5, "no data", ha="center", va="center", color="gray", transform=ax.transAxes)
+        finish_panel(ax, title, "", drawn)
     fig.tight_layout()
     return fig
 

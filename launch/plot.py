@@ -95,16 +95,21 @@ def draw(series: dict[str, list[tuple[float, float]]], title: str) -> Any:
                 ax.plot(xs, ys, color=color, label=label, marker="o" if (val or few) else None,
                         markersize=5 if val else 3)
                 drawn += 1
-        ax.set_title(name)
-        ax.set_xlabel("step")
-        ax.set_ylabel(ylabel)
-        ax.grid(True, alpha=0.3)
-        if drawn:
-            ax.legend(fontsize=8)
-        else:
-            ax.text(0.5, 0.5, "no data", ha="center", va="center", color="gray", transform=ax.transAxes)
+        finish_panel(ax, name, ylabel, drawn)
     fig.tight_layout()
     return fig
+
+
+def finish_panel(ax: Any, title: str, ylabel: str, drawn: int) -> None:
+    """Title, axis labels and grid of one panel against the step; its legend, or "no data" if nothing was drawn."""
+    ax.set_title(title)
+    ax.set_xlabel("step")
+    ax.set_ylabel(ylabel)
+    ax.grid(True, alpha=0.3)
+    if drawn:
+        ax.legend(fontsize=8)
+    else:
+        ax.text(0.5, 0.5, "no data", ha="center", va="center", color="gray", transform=ax.transAxes)
 
 
 def main(argv: list[str] | None = None) -> int:
