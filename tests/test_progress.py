@@ -111,6 +111,17 @@ def test_the_status_line_shows_how_long_an_unknown_stage_runs(monkeypatch):
     assert heartbeat.clock(3725) == "1:02:05" and heartbeat.clock(42) == "0:42"
 
 
+def test_a_bar_without_progress_still_shows_its_clock_moving():
+    """A validation's first batch compiles for a minute at 0/48: the heartbeat redraws the bar meanwhile."""
+    tty = SignallingStream(tty=True)
+    with progress.configured(True, tty), progress.task("validation", total=48, unit="prompts") as task:
+        task.activity.bar.start_t -= 75.0  # as if the first batch had run for 75 s
+        beat = progress.Heartbeat(30.0)
+        assert "01:15" not in tty.getvalue()
+        beat._status()
+        assert "0/48 [01:15" in tty.getvalue()
+
+
 def test_the_step_bar_is_a_terminal_bar_or_a_line_per_step(redraw_always):
     tty = SignallingStream(tty=True)
     with progress.configured(True, tty):

@@ -66,6 +66,15 @@ def current() -> tuple[str, float] | None:
         return ": ".join(a.text() for a in _stack), time.perf_counter() - _stack[-1].start
 
 
+def refresh_bars() -> None:
+    """Redraw the bars of the activities on the stack, so their elapsed time moves while no unit completes
+    (a validation's first batch, which compiles, can take a minute at ``0/48``)."""
+    with _lock:
+        drawn = [a.bar for a in _stack if a.bar is not None]
+    for bar in drawn:
+        bar.refresh()
+
+
 def bar_drawn() -> bool:
     """Whether an activity on the stack draws a bar (which shows its elapsed time: the status line stays away)."""
     with _lock:

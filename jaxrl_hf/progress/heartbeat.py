@@ -4,7 +4,7 @@ The step bar moves once per step; starting the workers, a step's generation or i
 its XLA programs) can each take minutes with nothing else on the screen, and their amount of work is unknown.
 On a terminal a daemon thread keeps one line showing the innermost activity and how long it has run
 (``step 1/30 (its first calls compile XLA programs): update_actor  [0:42]``), hidden while a task draws a bar
-(which shows its own elapsed time); elsewhere it prints ``  ... 45 s in step 1/30: gen`` while an activity lasts longer than
+(which shows its own elapsed time, redrawn by the same thread so that it moves between units); elsewhere it prints ``  ... 45 s in step 1/30: gen`` while an activity lasts longer than
 ``interval`` (tasks with their counts: ``validation 8/16 prompts``). Nothing with progress output off.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 from typing import Any, TextIO
 
-from jaxrl_hf.progress.activity import current, bar_drawn
+from jaxrl_hf.progress.activity import bar_drawn, current, refresh_bars
 from jaxrl_hf.progress import bars
 
 STATUS_REFRESH_S = 0.5
@@ -54,6 +54,8 @@ class Heartbeat:
 
     def _status(self) -> None:
         now = current()
+        if bar_drawn():
+            refresh_bars()  # tqdm redraws only on an update: keep the bar's clock moving
         if now is not None and now[1] >= STATUS_AFTER_S and not bar_drawn():
             if self._line is None:
                 self._line = bars.new_bar(self.stream, total=None, bar_format="{desc}", leave=False)
