@@ -74,6 +74,12 @@ class ActorConfig:
     ppo_max_token_len_per_gpu: Optional[int] = None
     """Valid tokens (prompt + response) per device per update micro-batch with ``use_dynamic_bsz``; with
     ``model.use_remove_padding`` also the packed length. At least one row (``max_prompt_length + response_length``)."""
+    skip_old_log_prob_when_on_policy: bool = True
+    """When a step's update is one optimizer step (``ppo_epochs`` 1 and the step's batch is one mini-batch), take
+    π_old = stop_gradient(π_θ) inside the loss, as verl's actor does on that path (ratio exactly 1, the gradient
+    of A·log π_θ), and skip the separate ``actor.compute_log_prob`` pass, whose output would only equal it up to
+    rounding. Not taken where π_old is needed before the update: KL in the reward, ``rollout_correction.level``,
+    asynchronous rollouts. The ``rollout_corr/*`` mismatch metrics need that pass: false keeps it."""
     ptx_coef: float = 0.0
     """Safe-RLHF / InstructGPT pre-training (ptx) loss weight; > 0 needs ``data.ptx_files`` rows."""
     offload_optimizer: bool = False

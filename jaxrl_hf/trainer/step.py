@@ -138,7 +138,8 @@ class StepContext:
 
     def old_log_prob(self, batch: Batch, *, balance: bool = True) -> Batch:
         """``actor.compute_log_prob`` -> ``old_log_probs`` (+ ``entropys``); with
-        ``actor.rollout_correction.bypass_mode`` the sampler's ``rollout_log_probs`` instead (no pass).
+        ``actor.rollout_correction.bypass_mode`` the sampler's ``rollout_log_probs`` instead (no pass); no pass
+        and no column when the update is on-policy (`update_is_on_policy`).
         ``balance=False`` keeps the row order (a generation round, whose groups must stay adjacent)."""
         batch = self.balance(batch) if balance else batch
         if "old_log_probs" in batch:
@@ -148,9 +149,20 @@ class StepContext:
                 raise KeyError("actor.rollout_correction.bypass_mode needs the rollout's 'rollout_log_probs'; "
                                f"columns: {batch.keys()}")
             return batch.union(Batch.from_dict({"old_log_probs": np.asarray(batch["rollout_log_probs"], np.float32)}))
+        if self.update_is_on_policy(batch):
+            return batch  # π_old = stop_gradient(π_θ) inside the update: one pass less
         with self.timer("old_log_prob"):
             out = self.roles.actor.compute_log_prob(batch)
         return batch.union(out.select([k for k in ("old_log_probs", "entropys") if k in out], []))
+
+    def update_is_on_policy(self, batch: Batch) -> bool:
+        """Whether ``batch``'s actor update is a single optimizer step at the policy that sampled it and
+        nothing reads π_old before it (``actor.skip_old_log_prob_when_on_policy``)."""
+        actor, c = self.config.actor, self.config
+        return (actor.skip_old_log_prob_when_on_policy and actor.ppo_epochs == 1
+                and len(batch) == actor.ppo_mini_batch_size * c.rollout.n
+                and not c.algorithm.use_kl_in_reward and actor.rollout_correction.level is None
+                and self.async_rollout is None)
 
     def needs_ref(self) -> bool:
         """Reference log-probs are needed for KL in the reward or as a loss."""

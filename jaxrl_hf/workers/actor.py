@@ -7,9 +7,10 @@ Roles: ``"actor_rollout_ref"`` (all three; the reference is a frozen copy of the
 Batch keys (see the issue-8 contract): ``generate_sequences`` reads ``prompts``/``prompt_mask`` and returns
 ``responses, response_mask, input_ids, attention_mask, position_ids, rollout_log_probs`` (+ the input
 columns repeated ``n`` times, interleaved, and ``uid``); ``compute_log_prob`` adds ``old_log_probs`` and
-``entropys``; ``compute_ref_log_prob`` adds ``ref_log_prob``; ``update_actor`` reads ``old_log_probs``,
-``advantages`` (+ ``ref_log_prob`` with a KL loss, ``rollout_log_probs`` with rollout correction) and
-returns an empty Batch whose ``meta_info["metrics"]`` holds verl-named floats.
+``entropys``; ``compute_ref_log_prob`` adds ``ref_log_prob``; ``update_actor`` reads ``old_log_probs`` (absent
+when the update is one optimizer step: π_old = stop_gradient(π_θ)), ``advantages`` (+ ``ref_log_prob`` with a
+KL loss, ``rollout_log_probs`` with rollout correction) and returns an empty Batch whose ``meta_info["metrics"]``
+holds verl-named floats.
 
 Rollout engine: ``rollout.name`` through `jaxrl_hf.rollout.make_rollout_engine` (``jax``: the native engine;
 ``vllm``: vLLM in this process, fed the actor's weights in place after every update; its options are the
@@ -380,16 +381,19 @@ class ActorRolloutRefWorker(Worker):
         self._require_model("update_actor")
         if not self.has_actor:
             raise RuntimeError("role 'ref' cannot update_actor")
-        missing = [k for k in self.loss_cfg.required_keys() if k not in batch]
+        plan = self.minibatch_plan(len(batch))
+        one_step = plan.num_minibatches * plan.epochs == 1 and self.loss_cfg.rollout_correction_level is None
+        missing = [k for k in self.loss_cfg.required_keys()  # one step: π_old = stop_gradient(π_θ) in the loss
+                   if k not in batch and not (one_step and k == "old_log_probs")]
         if missing:
-            raise KeyError(f"update_actor: Batch lacks {missing} (needed by this actor config); columns: {batch.keys()}")
-        arrays = {k: np.asarray(batch[k]) for k in self.loss_cfg.required_keys()}
+            raise KeyError(f"update_actor: Batch lacks {missing} (needed by this actor config, {plan.num_minibatches} "
+                           f"mini-batch(es) x {plan.epochs} epoch(s)); columns: {batch.keys()}")
+        arrays = {k: np.asarray(batch[k]) for k in self.loss_cfg.required_keys() if k in batch}
         pad = int(batch.meta_info.get(PAD_ROWS_KEY, 0))
         if pad:
             arrays["response_mask"] = arrays["response_mask"].copy()
             arrays["response_mask"][len(batch) - pad:] = 0
         arrays = pad_sequences_to(arrays, self.train.sp)
-        plan = self.minibatch_plan(len(batch))
         if self.offload is not None:
             self.state = self.offload.restore(self.state)
         seed = [self.config.rollout.seed, self.global_step, self.mesh_coords().dp_rank]

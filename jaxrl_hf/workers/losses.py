@@ -167,8 +167,10 @@ def actor_loss(params: Any, micro: Mapping[str, Array], denominator: Array, *, l
         weights = algos.compute_rollout_is_weights(micro["old_log_probs"], micro["rollout_log_probs"], mask,
                                                    level=cfg.rollout_correction_level,
                                                    threshold=cfg.rollout_correction_threshold)
+    # without the column the update is one optimizer step at the sampling policy: π_old = sg(π_θ)
+    old_log_prob = micro["old_log_probs"] if "old_log_probs" in micro else jax.lax.stop_gradient(log_prob)
     pg_loss, pg_metrics = algos.get_policy_loss(cfg.loss_mode)(
-        micro["old_log_probs"], log_prob, micro["advantages"], mask, loss_agg_mode=cfg.loss_agg_mode,
+        old_log_prob, log_prob, micro["advantages"], mask, loss_agg_mode=cfg.loss_agg_mode,
         clip_ratio=cfg.clip_ratio, clip_ratio_low=cfg.clip_ratio_low, clip_ratio_high=cfg.clip_ratio_high,
         clip_ratio_c=cfg.clip_ratio_c, rollout_is_weights=weights, global_denominator=denominator,
         **{key: micro[key] for key in algos.policy_loss_needs(cfg.loss_mode)})

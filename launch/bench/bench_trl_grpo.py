@@ -1,12 +1,13 @@
 """One GRPO step with jaxrl_hf vs TRL's GRPOTrainer: same model, prompts, batch, reward and machine.
 
     python launch/bench/bench_trl_grpo.py [--steps 4] [--prompts 4] [--samples 4] [--response-length 32]
-                                    [--model smollm2-135m-instruct] [--json OUT]
+                                    [--model smollm2-135m-instruct] [--dtype float32|bfloat16] [--json OUT]
     python launch/bench/bench_trl_grpo.py --side trl ...     # only TRL (what the parent runs in a subprocess)
     python launch/bench/bench_trl_grpo.py --from-json OUT [--json OUT2]   # re-summarise a run's per-step data
 
 Both sides run ``--steps`` GRPO steps of ``--prompts`` arithmetic prompts x ``--samples`` samples,
-``--response-length`` new tokens at temperature 1, in float32, one optimizer step per RL step (AdamW, same
+``--response-length`` new tokens at temperature 1, in ``--dtype`` (float32; bfloat16: our ``model.dtype`` and
+TRL's ``bf16=True`` mixed precision, float32 master weights on both), one optimizer step per RL step (AdamW, same
 lr / weight decay / grad clip, constant schedule), no KL term (beta = 0), GRPO's sequence-mean-token-mean
 loss with group-std-normalised advantages, and the same rule reward (``jaxrl_hf.rewards.compute_score``).
 The prompts are the rows our trainer loads (``data.train_size = steps x prompts``, sequential sampler),
@@ -55,7 +56,7 @@ STAGE_NOTES = {"gen": "generation", "reward": "rule reward", "old_log_prob": "se
 def bench_config_overrides(args: argparse.Namespace) -> list[str]:
     """Our config for the benchmark (dotted overrides on configs/grpo.yaml)."""
     micro = args.prompts * args.samples
-    return [f"model.path={args.model}", "model.dtype=float32",
+    return [f"model.path={args.model}", f"model.dtype={args.dtype}",
             "data.train_files=[arithmetic]", f"data.train_size={args.steps * args.prompts}", "data.shuffle=false",
             f"data.train_batch_size={args.prompts}", f"data.max_response_length={args.response_length}",
             "data.val_files=[]", f"rollout.n={args.samples}", "rollout.temperature=1.0", "rollout.top_p=1.0",
@@ -65,7 +66,7 @@ def bench_config_overrides(args: argparse.Namespace) -> list[str]:
             "actor.grad_clip=1.0", f"actor.optim.lr={args.lr}", "actor.optim.warmup_steps=0",
             "actor.optim.lr_scheduler=constant", "actor.optim.weight_decay=0.01", "algorithm.norm_adv_by_std_in_grpo=true",
             f"trainer.total_steps={args.steps}", "trainer.save_freq=0", "trainer.val_before_train=false",
-            "trainer.test_freq=0", "trainer.logger=[console,jsonl]", "trainer.progress_bar=false"]
+            "trainer.test_freq=0", "trainer.logger=[console,jsonl]", "trainer.progress_bar=false", *args.ours_set]
 
 
 def bench_rows(args: argparse.Namespace) -> tuple[list[dict], str]:
@@ -203,8 +204,9 @@ def run_trl(args: argparse.Namespace, rows: list[dict], hf_dir: str) -> dict:
         max_completion_length=args.response_length, temperature=1.0, top_p=1.0, top_k=0, beta=0.0,
         loss_type="grpo", scale_rewards="group", epsilon=0.2, learning_rate=args.lr, lr_scheduler_type="constant",
         warmup_steps=0, weight_decay=0.01, adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, max_grad_norm=1.0,
-        use_vllm=False, bf16=False, fp16=False, use_cpu=True, report_to="none", logging_steps=1, save_strategy="no",
-        shuffle_dataset=False, seed=0, disable_tqdm=True, dataloader_num_workers=0, log_completions=False)
+        use_vllm=False, bf16=args.dtype == "bfloat16", fp16=False, use_cpu=True, report_to="none", logging_steps=1,
+        save_strategy="no", shuffle_dataset=False, seed=0, disable_tqdm=True, dataloader_num_workers=0,
+        log_completions=False)
     trainer = TimedGRPOTrainer(model=model, reward_funcs=rule_reward, args=config, train_dataset=dataset,
                                processing_class=tokenizer, callbacks=[StepClock()])
     with LoadSampler() as load:
@@ -318,7 +320,8 @@ def run_trl_subprocess(args: argparse.Namespace, rows: list[dict], hf_dir: str) 
         json.dump({"rows": rows, "hf_dir": hf_dir}, fh)
     cmd = [sys.executable, os.path.abspath(__file__), "--side", "trl", "--rows", rows_path, "--json", out,
            "--steps", str(args.steps), "--prompts", str(args.prompts), "--samples", str(args.samples),
-           "--response-length", str(args.response_length), "--lr", str(args.lr), "--model", args.model]
+           "--response-length", str(args.response_length), "--lr", str(args.lr), "--model", args.model,
+           "--dtype", args.dtype]
     proc = subprocess.run(cmd, env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
     if proc.returncode != 0:
         raise SystemExit(f"bench_trl_grpo: the TRL side failed (exit {proc.returncode}): {' '.join(cmd)}")
@@ -335,6 +338,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--samples", type=int, default=4)
     parser.add_argument("--response-length", type=int, default=32)
     parser.add_argument("--lr", type=float, default=5e-6)
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                        help="compute dtype of both sides: ours model.dtype, TRL's bf16 mixed precision (autocast)")
+    parser.add_argument("--ours-set", action="append", default=[], metavar="KEY=VALUE",
+                        help="an extra config override of our side (repeatable), e.g. model.use_remove_padding=true")
     parser.add_argument("--rows", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--from-json", default=None, help="re-summarise the per-step data of an earlier --json OUT")
     parser.add_argument("--json", default=None)
@@ -355,7 +362,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         rows, hf_dir = bench_rows(args)
     setup = {"algo": "grpo", "model": args.model, "hf_dir": hf_dir, "steps": args.steps, "prompts": args.prompts,
-             "samples": args.samples, "response_length": args.response_length, "lr": args.lr, "dtype": "float32",
+             "samples": args.samples, "response_length": args.response_length, "lr": args.lr, "dtype": args.dtype,
+             "ours_set": args.ours_set,
              "kl": "none (beta=0)", "loss": "GRPO seq-mean-token-mean (TRL loss_type='grpo')",
              "optimizer_steps_per_rl_step": 1, "cpu_count": os.cpu_count(), "prompt_rows": len(rows)}
     result: dict[str, Any] = {"setup": setup}
@@ -378,8 +386,8 @@ def report(result: dict, json_out: str | None) -> int:
         setup = result["setup"]
         result["ratio_ours_over_trl"] = compare(result["ours"]["steady"], result["trl"]["steady"])
         print(f"\nGRPO step, {setup['prompts']} prompts x {setup['samples']} samples, {setup['response_length']} new "
-              f"tokens, {setup['model']} float32; median of steps {result['ours']['steady']['steps_measured']} (step 1 = "
-              f"warm-up); 1-min load average min/mean/max: ours {format_load(result['ours'])}, "
+              f"tokens, {setup['model']} {setup.get('dtype', 'float32')} {' '.join(setup.get('ours_set', []))}; median "
+              f"of steps {result['ours']['steady']['steps_measured']} (step 1 = warm-up); 1-min load average min/mean/max: ours {format_load(result['ours'])}, "
               f"TRL {format_load(result['trl'])}")
         print(format_table(result))
     if json_out:
