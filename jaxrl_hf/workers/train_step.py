@@ -113,8 +113,9 @@ def apply_update(state: TrainState, grads: Any, optimizer: optax.GradientTransfo
     grad_norm = optax.global_norm(grads)
     finite = jnp.isfinite(grad_norm)
     lr = learning_rate(optim, state.step if schedule_step is None else schedule_step)
-    safe_grads = jax.tree.map(lambda g: jnp.where(finite, g, jnp.zeros_like(g)), grads)
-    updates, new_opt = optimizer.update(safe_grads, set_learning_rate(state.opt_state, lr), state.params)
+    # the raw gradients go in (no zeroed copy: a non-finite update is discarded by the selects below, and the
+    # clip's norm of the same tree is this one): 1.02-1.14x, bit-identical (launch/bench/bench_optimizer_update.py)
+    updates, new_opt = optimizer.update(grads, set_learning_rate(state.opt_state, lr), state.params)
     new_params = optax.apply_updates(state.params, updates)
     keep = lambda new, old: jnp.where(finite, new, old)  # noqa: E731
     new_state = TrainState(jax.tree.map(keep, new_params, state.params), jax.tree.map(keep, new_opt, state.opt_state),

@@ -1,0 +1,138 @@
+"""The optimizer update of one actor step (global-norm clip + AdamW + the skip on a non-finite gradient norm) over
+a model's float32 master parameters, three ways:
+
+    python launch/bench/bench_optimizer_update.py [--model smollm2-135m-instruct] [--repeats 8] [--json OUT]
+
+- ``zeroed copy`` (the peer: `workers/train_step.apply_update` before 2026-11-26): the gradients are first copied
+  with non-finite ones zeroed (``where(finite, g, 0)``), then clipped and applied, then the new state is selected
+  against the old;
+- ``apply_update`` (the current one): the raw gradients go in, the selects discard a non-finite update;
+- ``no skip`` (a floor, not a valid update: a NaN gradient would corrupt the state): clip + AdamW alone.
+Each is one jitted program with the state donated, as in the train step; best and median of ``--repeats`` calls.
+The three must give bit-identical parameters and moments on finite gradients (checked), and ``apply_update`` must
+leave the state unchanged on NaN gradients (checked).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+
+
+def zeroed_copy_update(state, grads, optimizer, optim):
+    """The previous ``apply_update``: a zeroed copy of non-finite gradients before the update (the peer)."""
+    from jaxrl_hf.workers.optim import learning_rate, set_learning_rate
+    from jaxrl_hf.workers.train_step import TrainState
+
+    grad_norm = optax.global_norm(grads)
+    finite = jnp.isfinite(grad_norm)
+    lr = learning_rate(optim, state.step)
+    safe = jax.tree.map(lambda g: jnp.where(finite, g, jnp.zeros_like(g)), grads)
+    updates, new_opt = optimizer.update(safe, set_learning_rate(state.opt_state, lr), state.params)
+    new_params = optax.apply_updates(state.params, updates)
+    keep = lambda new, old: jnp.where(finite, new, old)  # noqa: E731
+    return TrainState(jax.tree.map(keep, new_params, state.params), jax.tree.map(keep, new_opt, state.opt_state),
+                      state.step + finite.astype(jnp.int32)), {"grad_norm": grad_norm}
+
+
+def unchecked_update(state, grads, optimizer, optim):
+    """Clip + AdamW with no skip on a non-finite norm: the floor."""
+    from jaxrl_hf.workers.optim import learning_rate, set_learning_rate
+    from jaxrl_hf.workers.train_step import TrainState
+
+    lr = learning_rate(optim, state.step)
+    updates, new_opt = optimizer.update(grads, set_learning_rate(state.opt_state, lr), state.params)
+    return TrainState(optax.apply_updates(state.params, updates), new_opt, state.step + 1), {}
+
+
+def time_variant(fn, params, grads, repeats: int) -> tuple[dict, object]:
+    """Best and median seconds of ``repeats`` donated calls, and the state after the first call."""
+    from jaxrl_hf.workers.train_step import init_train_state
+
+    state = init_train_state(jax.tree.map(jnp.copy, params), fn.optimizer)
+    step = jax.jit(fn, donate_argnums=(0,))
+    state, _ = step(state, grads)
+    jax.block_until_ready(state)
+    first = jax.tree.map(np.asarray, state)
+    seconds = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        state, _ = step(state, grads)
+        jax.block_until_ready(state)
+        seconds.append(time.perf_counter() - start)
+    return {"best_s": min(seconds), "median_s": statistics.median(seconds), "all_s": seconds}, first
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--repeats", type=int, default=8)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+
+    from jaxrl_hf.config.schema import OptimConfig
+    from jaxrl_hf.models import load_pretrained
+    from jaxrl_hf.workers.optim import make_optimizer
+    from jaxrl_hf.workers.train_step import apply_update
+
+    params = load_pretrained(args.model, dtype="float32").params
+    n_params = sum(x.size for x in jax.tree.leaves(params))
+    optim = OptimConfig(lr=1e-5, weight_decay=0.01)
+    optimizer = make_optimizer(optim, 1.0)
+    rng = np.random.default_rng(0)
+    grads = jax.tree.map(lambda p: jnp.asarray(rng.normal(size=p.shape) * 1e-3, jnp.float32), params)
+
+    def bind(update):
+        fn = lambda state, g: update(state, g, optimizer, optim)  # noqa: E731
+        fn.optimizer = optimizer
+        return fn
+
+    variants = {"zeroed copy (before)": bind(zeroed_copy_update), "apply_update (now)": bind(apply_update),
+                "no skip (floor)": bind(unchecked_update)}
+    rows, states = {}, {}
+    for name, fn in variants.items():
+        rows[name], states[name] = time_variant(fn, params, grads, args.repeats)
+    reference = jax.tree.leaves(states["zeroed copy (before)"].params) + jax.tree.leaves(
+        states["zeroed copy (before)"].opt_state)
+    for name in ("apply_update (now)", "no skip (floor)"):
+        got = jax.tree.leaves(states[name].params) + jax.tree.leaves(states[name].opt_state)
+        rows[name]["bit_identical_to_before"] = all(np.array_equal(a, b) for a, b in zip(reference, got))
+    skip_fn = jax.jit(bind(apply_update))
+    from jaxrl_hf.workers.train_step import init_train_state
+    kept = init_train_state(jax.tree.map(jnp.copy, params), optimizer)
+    before = jax.tree.map(np.asarray, kept)
+    after, metrics = skip_fn(kept, jax.tree.map(lambda g: g * jnp.nan, grads))
+    rows["apply_update (now)"]["nan_grads_leave_state_unchanged"] = all(
+        np.array_equal(a, np.asarray(b)) for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(after)))
+
+    peer = rows["zeroed copy (before)"]["median_s"]
+    print(f"optimizer update, {args.model} ({n_params / 1e6:.1f} M float32 params), {os.cpu_count()} CPUs, "
+          f"jax {jax.__version__}; median of {args.repeats}")
+    print("| variant | median s | best s | vs before | bit-identical to before |")
+    print("|---|---:|---:|---:|---|")
+    for name, row in rows.items():
+        row["speedup_vs_before"] = peer / row["median_s"]
+        print(f"| {name} | {row['median_s']:.3f} | {row['best_s']:.3f} | {row['speedup_vs_before']:.2f}x | "
+              f"{row.get('bit_identical_to_before', '—')} |")
+    print(f"NaN gradients leave the state unchanged: {rows['apply_update (now)']['nan_grads_leave_state_unchanged']}")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"args": vars(args), "params": n_params, "cpus": os.cpu_count(), "jax": jax.__version__,
+                       "rows": rows}, fh, indent=1)
+    ok = all(rows[n]["bit_identical_to_before"] for n in ("apply_update (now)", "no skip (floor)"))
+    return 0 if ok and rows["apply_update (now)"]["nan_grads_leave_state_unchanged"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
