@@ -4,8 +4,9 @@ The step bar moves once per step; starting the workers, a step's generation or i
 its XLA programs) can each take minutes with nothing else on the screen, and their amount of work is unknown.
 On a terminal a daemon thread keeps one line showing the innermost activity and how long it has run
 (``step 1/30 (its first calls compile XLA programs): update_actor  [0:42]``), hidden while a task draws a bar
-(which shows its own elapsed time, redrawn by the same thread so that it moves between units); elsewhere it prints ``  ... 45 s in step 1/30: gen`` while an activity lasts longer than
-``interval`` (tasks with their counts: ``validation 8/16 prompts``). Nothing with progress output off.
+(which shows its own elapsed time, redrawn by the same thread so that it moves between units); elsewhere it
+prints ``  ... 45 s in step 1/30: gen`` while an activity lasts longer than ``interval`` (tasks with their counts:
+``validation 8/16 prompts``). Nothing with progress output off.
 """
 
 from __future__ import annotations
