@@ -158,6 +158,23 @@ def test_bypass_mode_uses_the_rollout_log_probs_and_skips_the_pass(tmp_path):
             assert b[key] == pytest.approx(a[key], rel=1e-3, abs=1e-6), key
 
 
+def test_a_one_step_update_skips_the_old_log_prob_pass(tmp_path):
+    """One mini-batch x one epoch per step: no ``compute_log_prob`` stage, π_old = stop_gradient(π_θ) in the loss
+    (ratio 1: ``ppo_kl`` 0), and the same training as with the pass (``actor.skip_old_log_prob_when_on_policy``)."""
+    scorer = tmp_path / "parity.py"
+    scorer.write_text(PARITY_SCORER)
+    args = (f"custom_reward_function.path={scorer}", "trainer.val_before_train=false", "trainer.save_freq=100",
+            "actor.ppo_mini_batch_size=4")  # the smoke preset's whole batch of 4 prompts
+    skipped = train("grpo", tmp_path / "skip", *args)
+    recomputed = train("grpo", tmp_path / "pass", *args, "actor.skip_old_log_prob_when_on_policy=false")
+    assert "timing_s/old_log_prob" not in skipped[0] and "timing_s/old_log_prob" in recomputed[0]
+    for a, b in zip(recomputed, skipped):
+        assert b["actor/ppo_kl"] == 0.0 and b["actor/pg_clipfrac"] == 0.0
+        assert a["critic/score/mean"] == b["critic/score/mean"]
+        for key in ("actor/pg_loss", "actor/grad_norm", "actor/entropy"):
+            assert b[key] == pytest.approx(a[key], rel=1e-3, abs=1e-6), key
+
+
 @pytest.mark.slow
 def test_vllm_rollout_through_the_trainer(tmp_path):
     """``rollout.name=vllm``: rollouts served by vLLM inside the actor worker, weights synced in place after each

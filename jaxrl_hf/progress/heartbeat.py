@@ -54,10 +54,10 @@ class Heartbeat:
                 self.stream.flush()
 
     def _status(self) -> None:
-        now = current()
-        if bar_drawn():
+        now, drawn = current(), bar_drawn()
+        if drawn:
             refresh_bars()  # tqdm redraws only on an update: keep the bar's clock moving
-        if now is not None and now[1] >= STATUS_AFTER_S and not bar_drawn():
+        if now is not None and now[1] >= STATUS_AFTER_S and not drawn:
             if self._line is None:
                 self._line = bars.new_bar(self.stream, total=None, bar_format="{desc}", leave=False)
             self._line.set_description_str(f"{now[0]}  [{clock(now[1])}]")

@@ -385,9 +385,10 @@ def report(result: dict, json_out: str | None) -> int:
     if "ours" in result and "trl" in result:
         setup = result["setup"]
         result["ratio_ours_over_trl"] = compare(result["ours"]["steady"], result["trl"]["steady"])
+        variant = " ".join([setup.get("dtype", "float32"), *setup.get("ours_set", [])])
         print(f"\nGRPO step, {setup['prompts']} prompts x {setup['samples']} samples, {setup['response_length']} new "
-              f"tokens, {setup['model']} {setup.get('dtype', 'float32')} {' '.join(setup.get('ours_set', []))}; median "
-              f"of steps {result['ours']['steady']['steps_measured']} (step 1 = warm-up); 1-min load average min/mean/max: ours {format_load(result['ours'])}, "
+              f"tokens, {setup['model']} {variant}; median of steps {result['ours']['steady']['steps_measured']} "
+              f"(step 1 = warm-up); 1-min load average min/mean/max: ours {format_load(result['ours'])}, "
               f"TRL {format_load(result['trl'])}")
         print(format_table(result))
     if json_out:
