@@ -1,15 +1,19 @@
 """The optimizer update of one actor step (global-norm clip + AdamW + the skip on a non-finite gradient norm) over
-a model's float32 master parameters, three ways:
+a model's float32 master parameters, four ways:
 
     python launch/bench/bench_optimizer_update.py [--model smollm2-135m-instruct] [--repeats 8] [--json OUT]
+    python launch/bench/bench_optimizer_update.py --random-config qwen2.5-7b|CONFIG.json   # shapes only, no weights
 
-- ``zeroed copy`` (the peer: `workers/train_step.apply_update` before 2026-11-26): the gradients are first copied
-  with non-finite ones zeroed (``where(finite, g, 0)``), then clipped and applied, then the new state is selected
+- ``zeroed copy`` (`workers/train_step.apply_update` until 2026-11-26): the gradients are first copied with
+  non-finite ones zeroed (``where(finite, g, 0)``), then clipped and applied, then the new state is selected
   against the old;
-- ``apply_update`` (the current one): the raw gradients go in, the selects discard a non-finite update;
+- ``selects`` (the peer: `apply_update` of 2026-11-26's first change): the raw gradients go in, the selects of the
+  new state against the old (``where(finite, new, old)`` over every parameter and moment) discard a non-finite
+  update;
+- ``apply_update`` (the current one): the update runs inside ``lax.cond(finite, update, identity)``, no selects;
 - ``no skip`` (a floor, not a valid update: a NaN gradient would corrupt the state): clip + AdamW alone.
 Each is one jitted program with the state donated, as in the train step; best and median of ``--repeats`` calls.
-The three must give bit-identical parameters and moments on finite gradients (checked), and ``apply_update`` must
+All four must give bit-identical parameters and moments on finite gradients (checked), and ``apply_update`` must
 leave the state unchanged on NaN gradients (checked).
 """
 
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import hashlib
 import json
 import os
 import statistics
@@ -47,6 +52,21 @@ def zeroed_copy_update(state, grads, optimizer, optim):
                       state.step + finite.astype(jnp.int32)), {"grad_norm": grad_norm}
 
 
+def selects_update(state, grads, optimizer, optim):
+    """``apply_update`` with the selects of new against old (the peer)."""
+    from jaxrl_hf.workers.optim import learning_rate, set_learning_rate
+    from jaxrl_hf.workers.train_step import TrainState
+
+    grad_norm = optax.global_norm(grads)
+    finite = jnp.isfinite(grad_norm)
+    lr = learning_rate(optim, state.step)
+    updates, new_opt = optimizer.update(grads, set_learning_rate(state.opt_state, lr), state.params)
+    new_params = optax.apply_updates(state.params, updates)
+    keep = lambda new, old: jnp.where(finite, new, old)  # noqa: E731
+    return TrainState(jax.tree.map(keep, new_params, state.params), jax.tree.map(keep, new_opt, state.opt_state),
+                      state.step + finite.astype(jnp.int32)), {"grad_norm": grad_norm}
+
+
 def unchecked_update(state, grads, optimizer, optim):
     """Clip + AdamW with no skip on a non-finite norm: the floor."""
     from jaxrl_hf.workers.optim import learning_rate, set_learning_rate
@@ -57,13 +77,18 @@ def unchecked_update(state, grads, optimizer, optim):
     return TrainState(optax.apply_updates(state.params, updates), new_opt, state.step + 1), {}
 
 
-def time_variant(fn, state, grads, repeats: int) -> tuple[dict, object]:
+def digests(tree) -> list[str]:
+    """A SHA-1 of every leaf's bytes: bit-identity checks without keeping host copies of a large state."""
+    return [hashlib.sha1(np.asarray(leaf).tobytes()).hexdigest() for leaf in jax.tree.leaves(tree)]
+
+
+def time_variant(fn, state, grads, repeats: int) -> tuple[dict, list[str]]:
     """Best and median seconds of ``repeats`` donated calls ``fn(state, grads)`` (``state`` is consumed), and the
-    state after the first call."""
+    digests of the state after the first call."""
     step = jax.jit(fn, donate_argnums=(0,))
     state, _ = step(state, grads)
     jax.block_until_ready(state)
-    first = jax.tree.map(np.asarray, state)
+    first = digests(state)
     seconds = []
     for _ in range(repeats):
         start = time.perf_counter()
@@ -76,6 +101,9 @@ def time_variant(fn, state, grads, repeats: int) -> tuple[dict, object]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--random-config", default=None,
+                        help="random parameters of this architecture (a name of models/known_configs.py or a "
+                             "config.json) instead of --model's weights")
     parser.add_argument("--repeats", type=int, default=8)
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
@@ -85,7 +113,12 @@ def main(argv: list[str] | None = None) -> int:
     from jaxrl_hf.workers.optim import make_optimizer
     from jaxrl_hf.workers.train_step import apply_update, init_train_state
 
-    params = load_pretrained(args.model, dtype="float32").params
+    if args.random_config:
+        from jaxrl_hf.models.forward import init_params
+        from jaxrl_hf.models.known_configs import known_decoder_config
+        params, args.model = init_params(known_decoder_config(args.random_config)), args.random_config
+    else:
+        params = load_pretrained(args.model, dtype="float32").params
     n_params = sum(x.size for x in jax.tree.leaves(params))
     optim = OptimConfig(lr=1e-5, weight_decay=0.01)
     optimizer = make_optimizer(optim, 1.0)
@@ -93,27 +126,23 @@ def main(argv: list[str] | None = None) -> int:
     grads = jax.tree.map(lambda p: jnp.asarray(rng.normal(size=p.shape) * 1e-3, jnp.float32), params)
 
     fresh_state = lambda: init_train_state(jax.tree.map(jnp.copy, params), optimizer)  # noqa: E731
-    variants = {"zeroed copy (before)": zeroed_copy_update, "apply_update (now)": apply_update,
-                "no skip (floor)": unchecked_update}
+    variants = {"zeroed copy": zeroed_copy_update, "selects (before)": selects_update,
+                "apply_update (now)": apply_update, "no skip (floor)": unchecked_update}
     rows, states = {}, {}
     for name, update in variants.items():
         rows[name], states[name] = time_variant(functools.partial(update, optimizer=optimizer, optim=optim),
                                                 fresh_state(), grads, args.repeats)
-    reference = jax.tree.leaves(states["zeroed copy (before)"].params) + jax.tree.leaves(
-        states["zeroed copy (before)"].opt_state)
-    for name in ("apply_update (now)", "no skip (floor)"):
-        got = jax.tree.leaves(states[name].params) + jax.tree.leaves(states[name].opt_state)
-        rows[name]["bit_identical_to_before"] = all(np.array_equal(a, b) for a, b in zip(reference, got))
+    for name in ("zeroed copy", "apply_update (now)", "no skip (floor)"):
+        rows[name]["bit_identical_to_before"] = states[name] == states["selects (before)"]
     kept = fresh_state()
-    before = jax.tree.map(np.asarray, kept)
+    before = digests(kept)
     after, _ = jax.jit(functools.partial(apply_update, optimizer=optimizer, optim=optim))(
         kept, jax.tree.map(lambda g: g * jnp.nan, grads))
-    rows["apply_update (now)"]["nan_grads_leave_state_unchanged"] = all(
-        np.array_equal(a, np.asarray(b)) for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(after)))
+    rows["apply_update (now)"]["nan_grads_leave_state_unchanged"] = digests(after) == before
 
-    peer = rows["zeroed copy (before)"]["median_s"]
-    print(f"optimizer update, {args.model} ({n_params / 1e6:.1f} M float32 params), {os.cpu_count()} CPUs, "
-          f"jax {jax.__version__}; median of {args.repeats}")
+    peer = rows["selects (before)"]["median_s"]
+    print(f"optimizer update, {args.model} ({n_params / 1e6:.1f} M float32 params), "
+          f"{jax.devices()[0].device_kind} ({jax.default_backend()}), {os.cpu_count()} CPUs, jax {jax.__version__}; median of {args.repeats}")
     print("| variant | median s | best s | vs before | bit-identical to before |")
     print("|---|---:|---:|---:|---|")
     for name, row in rows.items():
@@ -123,9 +152,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"NaN gradients leave the state unchanged: {rows['apply_update (now)']['nan_grads_leave_state_unchanged']}")
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"args": vars(args), "params": n_params, "cpus": os.cpu_count(), "jax": jax.__version__,
+            json.dump({"args": vars(args), "params": n_params, "device": jax.devices()[0].device_kind, "cpus": os.cpu_count(), "jax": jax.__version__,
                        "rows": rows}, fh, indent=1)
-    ok = all(rows[n]["bit_identical_to_before"] for n in ("apply_update (now)", "no skip (floor)"))
+    ok = all(rows[n]["bit_identical_to_before"] for n in ("zeroed copy", "apply_update (now)", "no skip (floor)"))
     return 0 if ok and rows["apply_update (now)"]["nan_grads_leave_state_unchanged"] else 1
 
 
