@@ -19,7 +19,7 @@ from jaxrl_hf import algos
 from jaxrl_hf.config.build import build_dataclass
 from jaxrl_hf.config.schema import ActorConfig, OptimConfig, PolicyLossConfig, RolloutCorrectionConfig
 from jaxrl_hf.workers.losses import ACTOR_SUMMED_METRICS, actor_loss, actor_loss_config, response_denominator
-from jaxrl_hf.workers.optim import check_optim, learning_rate, make_optimizer
+from jaxrl_hf.workers.optim import check_optim, learning_rate, make_optimizer, set_learning_rate
 from jaxrl_hf.workers.train_step import apply_update, init_train_state, make_train_step
 
 V, R, ROWS = 11, 5, 8
@@ -193,6 +193,38 @@ def test_non_finite_gradient_skips_the_update():
     np.testing.assert_array_equal(new.params["w"], params["w"])
     for a, b in zip(jax.tree.leaves(new.opt_state), jax.tree.leaves(state.opt_state)):
         np.testing.assert_array_equal(a, b)
+
+
+def test_jitted_donated_step_skips_a_non_finite_update_and_matches_optax_on_a_finite_one():
+    """The jitted, donated train step (the update under ``lax.cond``): a NaN loss leaves params, Adam moments and the
+    step count as they were, bit for bit; the next finite step equals clip + AdamW written with optax directly."""
+    optim = OptimConfig(lr=0.05, weight_decay=0.01)
+    optimizer = make_optimizer(optim, 1.0)
+    params = {"w": jnp.asarray(np.random.RandomState(0).normal(size=(3, 4)), jnp.float32), "b": jnp.ones((4,))}
+
+    def loss_fn(p, micro, _denominators):
+        out = micro["x"] @ p["w"] + p["b"]
+        return jnp.sum(out * out) * micro["scale"][0], {}
+
+    step = make_train_step(loss_fn, optim, optimizer=optimizer, donate=True)
+    x = jnp.asarray(np.random.RandomState(1).normal(size=(2, 5, 3)), jnp.float32)  # 2 micro-batches of 5 rows
+    start = init_train_state(jax.tree.map(jnp.copy, params), optimizer)
+    before = jax.tree.map(np.asarray, start)
+    state, metrics = step(start, {"x": x, "scale": jnp.full((2, 1), jnp.nan)})
+    assert float(metrics["skipped"]) == 1.0
+    for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(before)):
+        np.testing.assert_array_equal(np.asarray(a), b)
+
+    state, metrics = step(state, {"x": x, "scale": jnp.ones((2, 1))})
+    assert float(metrics["skipped"]) == 0.0 and int(state.step) == 1
+    grads = jax.grad(lambda p: sum(loss_fn(p, {"x": x[i], "scale": jnp.ones((1,))}, None)[0] for i in range(2)))(params)
+    opt_state = optimizer.init(params)
+    reference = apply_update(init_train_state(params, optimizer), grads, optimizer, optim)[0]
+    updates, _ = optimizer.update(grads, set_learning_rate(opt_state, learning_rate(optim, 0)), params)
+    assert float(learning_rate(optim, 0)) > 0
+    for name in params:
+        np.testing.assert_allclose(state.params[name], reference.params[name], rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(reference.params[name], params[name] + updates[name], rtol=1e-6, atol=1e-7)
 
 
 def _reference_lr(s, lr, warmup, kind, total, ratio):
