@@ -78,7 +78,7 @@ def unchecked_update(state, grads, optimizer, optim):
 
 @jax.jit
 def _fingerprint(leaf: jax.Array) -> jax.Array:
-    """Two wrapping uint32 sums of a float32 leaf's bit patterns, the second weighted by position: computed where
+    """Two wrapping uint32 sums of a 32-bit leaf's bit patterns, the second weighted by position: computed where
     the leaf lives (a host copy and hash of a 1.5B-parameter state took minutes on the GPU machine)."""
     bits = jax.lax.bitcast_convert_type(leaf, jnp.uint32).reshape(-1)
     weights = jnp.arange(bits.size, dtype=jnp.uint32) * jnp.uint32(2654435761) + jnp.uint32(1)
@@ -90,7 +90,7 @@ def digests(tree) -> list[tuple[int, int]]:
     return [tuple(int(v) for v in np.asarray(_fingerprint(leaf))) for leaf in jax.tree.leaves(tree)]
 
 
-def time_variant(fn, state, grads, repeats: int) -> tuple[dict, list[str]]:
+def time_variant(fn, state, grads, repeats: int) -> tuple[dict, list[tuple[int, int]]]:
     """Best and median seconds of ``repeats`` donated calls ``fn(state, grads)`` (``state`` is consumed), and the
     digests of the state after the first call."""
     step = jax.jit(fn, donate_argnums=(0,))
@@ -150,8 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     rows["apply_update (now)"]["nan_grads_leave_state_unchanged"] = digests(after) == before
 
     peer = rows["selects (before)"]["median_s"]
-    print(f"optimizer update, {args.model} ({n_params / 1e6:.1f} M float32 params), "
-          f"{jax.devices()[0].device_kind} ({jax.default_backend()}), {os.cpu_count()} CPUs, jax {jax.__version__}; median of {args.repeats}")
+    device = jax.devices()[0].device_kind
+    print(f"optimizer update, {args.model} ({n_params / 1e6:.1f} M float32 params), {device} "
+          f"({jax.default_backend()}), {os.cpu_count()} CPUs, jax {jax.__version__}; median of {args.repeats}")
     print("| variant | median s | best s | vs before | bit-identical to before |")
     print("|---|---:|---:|---:|---|")
     for name, row in rows.items():
@@ -161,8 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"NaN gradients leave the state unchanged: {rows['apply_update (now)']['nan_grads_leave_state_unchanged']}")
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"args": vars(args), "params": n_params, "device": jax.devices()[0].device_kind, "cpus": os.cpu_count(), "jax": jax.__version__,
-                       "rows": rows}, fh, indent=1)
+            json.dump({"args": vars(args), "params": n_params, "device": device, "cpus": os.cpu_count(),
+                       "jax": jax.__version__, "rows": rows}, fh, indent=1)
     ok = all(rows[n]["bit_identical_to_before"] for n in ("zeroed copy", "apply_update (now)", "no skip (floor)"))
     return 0 if ok and rows["apply_update (now)"]["nan_grads_leave_state_unchanged"] else 1
 
