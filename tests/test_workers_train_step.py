@@ -218,13 +218,10 @@ def test_jitted_donated_step_skips_a_non_finite_update_and_matches_optax_on_a_fi
     state, metrics = step(state, {"x": x, "scale": jnp.ones((2, 1))})
     assert float(metrics["skipped"]) == 0.0 and int(state.step) == 1
     grads = jax.grad(lambda p: sum(loss_fn(p, {"x": x[i], "scale": jnp.ones((1,))}, None)[0] for i in range(2)))(params)
-    opt_state = optimizer.init(params)
-    reference = apply_update(init_train_state(params, optimizer), grads, optimizer, optim)[0]
-    updates, _ = optimizer.update(grads, set_learning_rate(opt_state, learning_rate(optim, 0)), params)
     assert float(learning_rate(optim, 0)) > 0
+    updates, _ = optimizer.update(grads, set_learning_rate(optimizer.init(params), learning_rate(optim, 0)), params)
     for name in params:
-        np.testing.assert_allclose(state.params[name], reference.params[name], rtol=1e-6, atol=1e-7)
-        np.testing.assert_allclose(reference.params[name], params[name] + updates[name], rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(state.params[name], params[name] + updates[name], rtol=1e-6, atol=1e-7)
 
 
 def _reference_lr(s, lr, warmup, kind, total, ratio):

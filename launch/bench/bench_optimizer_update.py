@@ -1,19 +1,16 @@
 """The optimizer update of one actor step (global-norm clip + AdamW + the skip on a non-finite gradient norm) over
-a model's float32 master parameters, four ways:
+a model's float32 master parameters, three ways:
 
     python launch/bench/bench_optimizer_update.py [--model smollm2-135m-instruct] [--repeats 8] [--json OUT]
     python launch/bench/bench_optimizer_update.py --random-config qwen2.5-7b|CONFIG.json   # shapes only, no weights
 
-- ``zeroed copy`` (`workers/train_step.apply_update` until 2026-11-26): the gradients are first copied with
-  non-finite ones zeroed (``where(finite, g, 0)``), then clipped and applied, then the new state is selected
-  against the old;
 - ``selects`` (the peer: `apply_update` of 2026-11-26's first change): the raw gradients go in, the selects of the
   new state against the old (``where(finite, new, old)`` over every parameter and moment) discard a non-finite
   update;
 - ``apply_update`` (the current one): the update runs inside ``lax.cond(finite, update, identity)``, no selects;
 - ``no skip`` (a floor, not a valid update: a NaN gradient would corrupt the state): clip + AdamW alone.
 Each is one jitted program with the state donated, as in the train step; best and median of ``--repeats`` calls.
-All four must give bit-identical parameters and moments on finite gradients (checked), and ``apply_update`` must
+All three must give bit-identical parameters and moments on finite gradients (checked), and ``apply_update`` must
 leave the state unchanged on NaN gradients (checked).
 """
 
@@ -33,22 +30,6 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
-
-
-def zeroed_copy_update(state, grads, optimizer, optim):
-    """The previous ``apply_update``: a zeroed copy of non-finite gradients before the update (the peer)."""
-    from jaxrl_hf.workers.optim import learning_rate, set_learning_rate
-    from jaxrl_hf.workers.train_step import TrainState
-
-    grad_norm = optax.global_norm(grads)
-    finite = jnp.isfinite(grad_norm)
-    lr = learning_rate(optim, state.step)
-    safe = jax.tree.map(lambda g: jnp.where(finite, g, jnp.zeros_like(g)), grads)
-    updates, new_opt = optimizer.update(safe, set_learning_rate(state.opt_state, lr), state.params)
-    new_params = optax.apply_updates(state.params, updates)
-    keep = lambda new, old: jnp.where(finite, new, old)  # noqa: E731
-    return TrainState(jax.tree.map(keep, new_params, state.params), jax.tree.map(keep, new_opt, state.opt_state),
-                      state.step + finite.astype(jnp.int32)), {"grad_norm": grad_norm}
 
 
 def selects_update(state, grads, optimizer, optim):
@@ -135,13 +116,13 @@ def main(argv: list[str] | None = None) -> int:
     grads = treedef.unflatten([jax.random.normal(k, p.shape, jnp.float32) * 1e-3 for k, p in zip(keys, leaves)])
 
     fresh_state = lambda: init_train_state(jax.tree.map(jnp.copy, params), optimizer)  # noqa: E731
-    variants = {"zeroed copy": zeroed_copy_update, "selects (before)": selects_update,
+    variants = {"selects (before)": selects_update,
                 "apply_update (now)": apply_update, "no skip (floor)": unchecked_update}
     rows, states = {}, {}
     for name, update in variants.items():
         rows[name], states[name] = time_variant(functools.partial(update, optimizer=optimizer, optim=optim),
                                                 fresh_state(), grads, args.repeats)
-    for name in ("zeroed copy", "apply_update (now)", "no skip (floor)"):
+    for name in ("apply_update (now)", "no skip (floor)"):
         rows[name]["bit_identical_to_before"] = states[name] == states["selects (before)"]
     kept = fresh_state()
     before = digests(kept)
@@ -164,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.json, "w") as fh:
             json.dump({"args": vars(args), "params": n_params, "device": device, "cpus": os.cpu_count(),
                        "jax": jax.__version__, "rows": rows}, fh, indent=1)
-    ok = all(rows[n]["bit_identical_to_before"] for n in ("zeroed copy", "apply_update (now)", "no skip (floor)"))
+    ok = all(rows[n]["bit_identical_to_before"] for n in ("apply_update (now)", "no skip (floor)"))
     return 0 if ok and rows["apply_update (now)"]["nan_grads_leave_state_unchanged"] else 1
 
 
