@@ -15,6 +15,7 @@ from jaxrl_hf.config import ConfigError, load_config
 from jaxrl_hf.config.build import build_dataclass
 from jaxrl_hf.config.loader import apply_overrides
 from jaxrl_hf.config.schema import RunConfig
+from jaxrl_hf.config.host_malloc import ENV_GLIBC_TUNABLES, KEEP_FREED_MEMORY
 from jaxrl_hf.config.memory_budget import (DEFAULT_VLLM_GPU_SHARE, ENV_ALLOCATOR, ENV_MEM_FRACTION, ENV_PREALLOCATE,
                                            check_memory_budget, memory_budget, worker_env)
 from jaxrl_hf.controller import Dispatch, Worker, WorkerGroup, register
@@ -100,15 +101,40 @@ def test_load_config_checks_the_budget(monkeypatch):
         _config("rollout.name=vllm")
 
 
+def _faults_allocating_64mib_again() -> int:
+    """Minor page faults of malloc'ing and filling 64 MiB after the same size was freed three times: 16 Ki
+    pages when glibc maps a fresh block, ~0 when the tunables of `jaxrl_hf.config.host_malloc` are in effect.
+    (libc's malloc itself: numpy asks for huge pages on large arrays, which hides the difference.)"""
+    import ctypes
+    import resource
+
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+
+    def fill_and_free() -> None:
+        block = libc.malloc(64 << 20)
+        ctypes.memset(block, 1, 64 << 20)
+        libc.free(block)
+
+    for _ in range(3):
+        fill_and_free()
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    fill_and_free()
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+
 class EnvReport(Worker):
-    """Reports what its process sees: the budget variables and JAX's backend."""
+    """Reports what its process sees: the budget variables, JAX's backend, and whether glibc keeps freed
+    memory (its tunables are read when the process starts: a later ``os.environ`` change would be too late)."""
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
     def report(self) -> dict:
         import jax
 
         return {"env": {k: os.environ.get(k) for k in (ENV_MEM_FRACTION, ENV_PREALLOCATE, ENV_ALLOCATOR)},
-                "backend": jax.default_backend()}
+                "backend": jax.default_backend(), "glibc_tunables": os.environ.get(ENV_GLIBC_TUNABLES),
+                "faults_allocating_64mib_again": _faults_allocating_64mib_again()}
 
 
 def test_budget_reaches_every_worker_process_before_jax(ray_cluster, monkeypatch):
@@ -118,6 +144,7 @@ def test_budget_reaches_every_worker_process_before_jax(ray_cluster, monkeypatch
     from jaxrl_hf.trainer.roles import make_pool
 
     monkeypatch.delenv(ENV_MEM_FRACTION, raising=False)
+    monkeypatch.delenv(ENV_GLIBC_TUNABLES, raising=False)
     config = _config("rollout.name=vllm", "rollout.gpu_memory_utilization=0.6", "placement.num_processes=2",
                      "placement.train.dp=2", "trainer.device=cpu")
     pool = make_pool(config, "budget")
@@ -127,6 +154,8 @@ def test_budget_reaches_every_worker_process_before_jax(ray_cluster, monkeypatch
         for report in reports:
             assert report["env"] == {ENV_MEM_FRACTION: "0.35", ENV_PREALLOCATE: "false", ENV_ALLOCATOR: None}
             assert report["backend"] == "cpu"
+            assert report["glibc_tunables"] == KEEP_FREED_MEMORY  # host_malloc=auto on a CPU pool ...
+            assert report["faults_allocating_64mib_again"] < 1024  # ... and in effect (16 Ki faults without)
         assert [info["backend"] for info in pool.process_info] == ["cpu", "cpu"]
         assert pool.platform == "cpu"  # trainer.device=cpu
         check_pool_backend(pool)  # a CPU pool on CPU: fine

@@ -30,3 +30,8 @@ class GpuMemoryConfig:
     ``platform`` (``XLA_PYTHON_CLIENT_ALLOCATOR=platform``): a cudaMalloc/cudaFree per buffer, so freed memory goes
     back to the GPU at once and JAX can use what a sleeping vLLM released; slower, and uncapped (``jax_fraction``
     is then neither applied nor checked)."""
+    host_malloc: Literal["auto", "reuse", "system"] = "auto"
+    """What the C allocator of a worker process does with the buffers XLA frees (`jaxrl_hf.config.host_malloc`):
+    ``reuse`` keeps them for the next call (no page faults and zeroing of every XLA:CPU call's temporaries again;
+    the process holds its high-water mark of host memory), ``system`` returns them (glibc's defaults), ``auto``
+    reuses in pools whose JAX runs on CPUs. A ``GLIBC_TUNABLES`` in the driver's environment wins."""

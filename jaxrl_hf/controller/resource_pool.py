@@ -58,6 +58,8 @@ class ResourcePool:
         any worker is created (user code registering estimators, losses ...; `jaxrl_hf.user_modules`).
       env_vars: environment variables every process gets before JAX starts, over the forwarded ones (e.g. the
         GPU memory budget, `jaxrl_hf.config.memory_budget`).
+      cpu_env_vars: more variables, for a pool whose processes run JAX on CPUs only (decided at start, after
+        ``use_gpu``; e.g. the host allocator's tunables, `jaxrl_hf.config.host_malloc`).
     """
 
     def __init__(
@@ -73,6 +75,7 @@ class ResourcePool:
         ready_timeout_s: float = 120.0,
         imports: Sequence[str] = (),
         env_vars: Mapping[str, str] | None = None,
+        cpu_env_vars: Mapping[str, str] | None = None,
     ):
         if not isinstance(name, str) or not name:
             raise ValueError(f"ResourcePool name must be a non-empty string, got {name!r}")
@@ -101,6 +104,7 @@ class ResourcePool:
         self.ready_timeout_s = ready_timeout_s
         self.imports = tuple(imports)
         self.env_vars = dict(env_vars or {})
+        self.cpu_env_vars = dict(cpu_env_vars or {})
         self.submit_lock = threading.RLock()  # one submission order for all ranks (SPMD lockstep)
         self._hosts: list[Any] | None = None
         self._placement_group = None
@@ -170,7 +174,7 @@ class ResourcePool:
                     f"alive nodes (total resources): {describe_nodes(ray.nodes())}"
                 ) from None
             self._placement_group = group
-            env = {**forwarded_env(), **self.env_vars}
+            env = {**forwarded_env(), **self.env_vars, **({} if self.use_gpu else self.cpu_env_vars)}
             hosts = [self._spawn(group, rank, plan, env) for rank in range(self.num_processes)]
             try:
                 self._process_info = self._join(hosts)

@@ -12,15 +12,19 @@ processes on each; `jaxrl_hf.config.cluster`); a critic or reward pool of its ow
 
 Every pool's processes import the config's ``imports`` before any worker is created in them, and get the GPU
 memory budget in their environment before JAX starts (`jaxrl_hf.config.memory_budget`; vLLM's share only in
-the actor pool, which hosts it). ``trainer.device`` picks GPUs (``cuda``), host devices (``cpu``) or whatever
-the Ray cluster has (``auto``); a GPU pool whose JAX came up on the CPU is an error (`check_pool_backend`).
+the actor pool, which hosts it), and on CPUs the allocator tunables that keep XLA's freed buffers for reuse
+(`jaxrl_hf.config.host_malloc`, ``placement.memory.host_malloc``). ``trainer.device`` picks GPUs (``cuda``), host
+devices (``cpu``) or whatever the Ray cluster has (``auto``); a GPU pool whose JAX came up on the CPU is an
+error (`check_pool_backend`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 from typing import TYPE_CHECKING, Any
 
+from jaxrl_hf.config.host_malloc import host_malloc_env
 from jaxrl_hf.config.memory_budget import worker_env
 from jaxrl_hf.config.schema import PoolConfig, RunConfig
 from jaxrl_hf.trainer.preflight import check_pool_backend
@@ -44,11 +48,14 @@ def make_pool(config: RunConfig, name: str, pool_cfg: PoolConfig | None = None) 
     p = config.placement
     procs = pool_cfg.num_processes if pool_cfg else p.num_processes
     devices = pool_cfg.devices_per_process if pool_cfg else p.devices_per_process
+    every, cpu_only = host_malloc_env(p.memory.host_malloc, os.environ)
     return ResourcePool(name, procs, devices, cpus_per_process=p.cpus_per_process,
                         nnodes=None if pool_cfg else config.trainer.nnodes,
                         ready_timeout_s=config.trainer.ray_init_timeout_s, imports=config.imports,
                         use_gpu={"auto": None, "cpu": False, "cuda": True}[config.trainer.device],
-                        env_vars=worker_env(config, vllm_colocated=pool_cfg is None or name == "rollout"))
+                        env_vars={**worker_env(config, vllm_colocated=pool_cfg is None or name == "rollout"),
+                                  **every},
+                        cpu_env_vars=cpu_only)
 
 
 class RoleBuilder(contextlib.AbstractContextManager):

@@ -1,0 +1,83 @@
+"""``placement.memory.host_malloc`` (`jaxrl_hf.config.host_malloc`): which processes get the glibc tunables, that
+the driver's own ``GLIBC_TUNABLES`` wins, the config error for a bad value, and what the tunables do to a real
+process: XLA's freed buffers are reused instead of being faulted in and zeroed again on every call."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from jaxrl_hf.config import ConfigError, load_config
+from jaxrl_hf.config.host_malloc import ENV_GLIBC_TUNABLES, KEEP_FREED_MEMORY, host_malloc_env
+
+_FAULTS_PER_CALL = """
+import json, resource, statistics, jax, jax.numpy as jnp
+x = jnp.ones((4096, 4096), jnp.float32)        # 64 MiB: above glibc's largest mmap threshold (32 MiB)
+f = jax.jit(lambda x: x * 2.0 + 1.0)            # a fresh 64 MiB output buffer every call
+faults = []
+for _ in range(16):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    y = f(x)
+    jax.block_until_ready(y)
+    del y                                       # its buffer is freed
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+print(json.dumps(statistics.median(faults[8:])))  # the heap settles within the first few calls
+"""
+
+
+def test_modes_pick_which_processes_get_the_tunables():
+    keep = {ENV_GLIBC_TUNABLES: KEEP_FREED_MEMORY}
+    assert host_malloc_env("auto", {}) == ({}, keep)  # CPU pools only
+    assert host_malloc_env("reuse", {}) == (keep, {})  # every pool
+    assert host_malloc_env("system", {}) == ({}, {})
+    assert "glibc.malloc.arena_max=1" in KEEP_FREED_MEMORY and "glibc.malloc.mmap_max=0" in KEEP_FREED_MEMORY
+    own = {ENV_GLIBC_TUNABLES: "glibc.malloc.arena_max=2"}  # the user's own setting is forwarded and wins
+    for mode in ("auto", "reuse", "system"):
+        assert host_malloc_env(mode, own) == (own, {})
+    with pytest.raises(ValueError, match="'sometimes'"):
+        host_malloc_env("sometimes", {})
+
+
+def test_config_key_default_verl_style_and_bad_value():
+    assert load_config("dapo").placement.memory.host_malloc == "auto"
+    assert load_config("dapo", None, ["placement.memory.host_malloc=system"]).placement.memory.host_malloc == "system"
+    with pytest.raises(ConfigError, match="placement.memory.host_malloc"):
+        load_config("dapo", None, ["placement.memory.host_malloc=sometimes"])
+
+
+def test_pools_from_the_config_carry_the_tunables(monkeypatch):
+    """`make_pool` puts them where the mode says (the start-up itself: test_gpu_memory_budget's pool test)."""
+    from jaxrl_hf.trainer.roles import make_pool
+
+    monkeypatch.delenv(ENV_GLIBC_TUNABLES, raising=False)
+    auto = make_pool(load_config("grpo", "smoke"), "auto")
+    assert ENV_GLIBC_TUNABLES not in auto.env_vars and auto.cpu_env_vars == {ENV_GLIBC_TUNABLES: KEEP_FREED_MEMORY}
+    system = make_pool(load_config("grpo", "smoke", ["placement.memory.host_malloc=system"]), "system")
+    assert ENV_GLIBC_TUNABLES not in system.env_vars and system.cpu_env_vars == {}
+
+
+def _faults_per_call(tunables: str | None) -> float:
+    env = {k: v for k, v in os.environ.items() if k != ENV_GLIBC_TUNABLES}
+    if tunables is not None:
+        env[ENV_GLIBC_TUNABLES] = tunables
+    out = subprocess.run([sys.executable, "-c", _FAULTS_PER_CALL], env=env, capture_output=True, text=True,
+                         timeout=120, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_the_tunables_stop_xla_buffers_from_being_faulted_in_on_every_call():
+    """glibc serves the 64 MiB output with a fresh mmap and unmaps it when freed: 16 Ki pages faulted (and zeroed)
+    per call. With the tunables the freed block stays in the heap and the next call reuses it."""
+    system = _faults_per_call(None)
+    reuse = _faults_per_call(KEEP_FREED_MEMORY)
+    page = os.sysconf("SC_PAGE_SIZE")
+    with contextlib.suppress(OSError):  # transparent huge pages for every mapping: 2 MiB per fault
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as fh:
+            page = 2 << 20 if "[always]" in fh.read() else page
+    assert system > 0.9 * (64 << 20) / page, system
+    assert reuse < 0.05 * system, (reuse, system)
