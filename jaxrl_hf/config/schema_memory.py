@@ -1,7 +1,9 @@
-"""The ``placement.memory`` section: how each GPU is shared between JAX and a colocated vLLM.
+"""The ``placement.memory`` section: how each GPU is shared between JAX and a colocated vLLM, and what a worker
+process's C allocator does with the host memory XLA frees.
 
-Kept apart from ``schema.py`` (one concern per module); `jaxrl_hf.config.memory_budget` turns it into numbers,
-checks them when the config loads and into the environment of every worker process."""
+Kept apart from ``schema.py`` (one concern per module); `jaxrl_hf.config.memory_budget` turns the GPU shares into
+numbers, checks them when the config loads and into the environment of every worker process;
+`jaxrl_hf.config.host_malloc` turns ``host_malloc`` into glibc's tunables."""
 
 from __future__ import annotations
 
