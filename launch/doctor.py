@@ -2,8 +2,8 @@
 
 Prints what each library sees (JAX's backend and devices, torch's CUDA, vLLM's platform), the installed versions
 and whether they fit together, memory per device, the GPU memory budget the config implies
-(`jaxrl_hf.config.memory_budget`) and the Ray cluster's nodes and resources (``RAY_ADDRESS``, or ``--ray-local``
-to start a local one). Exit status: 0 when the config can run here, 1 naming the first problem and its fix
+(`jaxrl_hf.config.memory_budget`), what the worker processes' host allocator gets (`jaxrl_hf.config.host_malloc`)
+and the Ray cluster's nodes and resources (``RAY_ADDRESS``, or ``--ray-local`` to start a local one). Exit status: 0 when the config can run here, 1 naming the first problem and its fix
 (e.g. torch sees 8 GPUs but JAX only the CPU), 2 for a config error. ``--json PATH`` writes the report.
 ``launch/train.py`` runs the quick part (versions and ``nvidia-smi`` only) at every start.
 """
@@ -25,7 +25,8 @@ def _gib(nbytes: float | None) -> str:
     return "n/a" if nbytes is None else f"{nbytes / 2**30:.1f} GiB"
 
 
-def format_report(report: dict[str, Any], budget: str, problems: list[Any], notes: list[str], out: TextIO) -> None:
+def format_report(report: dict[str, Any], budget: str, problems: list[Any], notes: list[str], out: TextIO,
+                  host_malloc: str = "") -> None:
     """The human-readable report."""
     versions = report["versions"]
     print("versions:  " + ", ".join(f"{k} {v}" for k, v in versions.items() if v), file=out)
@@ -62,6 +63,8 @@ def format_report(report: dict[str, Any], budget: str, problems: list[Any], note
     else:
         print(f"Ray:       {ray['cluster']}", file=out)
     print(budget, file=out)
+    if host_malloc:
+        print(host_malloc, file=out)
     if problems:
         print(f"PROBLEM:   {problems[0].what}\n  fix:     {problems[0].fix}", file=out)
         for other in problems[1:]:
@@ -83,6 +86,7 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)
     from jaxrl_hf.config import ConfigError, load_config
+    from jaxrl_hf.config.host_malloc import describe_host_malloc
     from jaxrl_hf.config.memory_budget import memory_budget
     from jaxrl_hf.trainer.preflight import full_facts
     from jaxrl_hf.trainer.preflight_checks import find_problems, version_notes
@@ -95,9 +99,11 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
     facts, report = full_facts(config, probe_vllm_anyway=args.vllm, start_local_ray=args.ray_local)
     budget = memory_budget(config)
     problems = find_problems(facts, config)
-    format_report(report, budget.describe(), problems, version_notes(facts), out)
+    format_report(report, budget.describe(), problems, version_notes(facts), out,
+                  describe_host_malloc(config.placement.memory.host_malloc, os.environ))
     if args.json:
-        report.update(budget=budget.env(), problems=[str(p) for p in problems], device=config.trainer.device)
+        report.update(budget=budget.env(), problems=[str(p) for p in problems], device=config.trainer.device,
+                      host_malloc=config.placement.memory.host_malloc)
         with open(args.json, "w") as f:
             json.dump(report, f, indent=2, default=str)
     return 1 if problems else 0

@@ -13,7 +13,8 @@ import sys
 import pytest
 
 from jaxrl_hf.config import ConfigError, load_config
-from jaxrl_hf.config.host_malloc import ENV_GLIBC_TUNABLES, KEEP_FREED_MEMORY, host_malloc_env
+from jaxrl_hf.config.host_malloc import (ENV_GLIBC_TUNABLES, KEEP_FREED_MEMORY, describe_host_malloc,
+                                         host_malloc_env)
 
 _FAULTS_PER_CALL = """
 import json, resource, statistics, jax, jax.numpy as jnp
@@ -43,7 +44,18 @@ def test_modes_pick_which_processes_get_the_tunables():
         host_malloc_env("sometimes", {})
 
 
-def test_config_key_default_verl_style_and_bad_value():
+def test_the_doctors_line_says_what_each_pool_gets_and_whether_glibc_reads_it():
+    glibc = ("glibc", "2.36")
+    assert describe_host_malloc("auto", {}, glibc) == (
+        f"host allocator (placement.memory.host_malloc=auto): pools on CPUs get GLIBC_TUNABLES={KEEP_FREED_MEMORY} "
+        "(XLA's freed buffers reused); C library: glibc 2.36")
+    assert "every pool gets GLIBC_TUNABLES=x=1 (the driver's own)" in describe_host_malloc(
+        "system", {ENV_GLIBC_TUNABLES: "x=1"}, glibc)
+    assert "glibc's defaults" in describe_host_malloc("system", {}, glibc)
+    assert "musl, not glibc: the tunables do nothing" in describe_host_malloc("reuse", {}, ("musl", ""))
+
+
+def test_config_key_default_and_bad_value():
     assert load_config("dapo").placement.memory.host_malloc == "auto"
     assert load_config("dapo", None, ["placement.memory.host_malloc=system"]).placement.memory.host_malloc == "system"
     with pytest.raises(ConfigError, match="placement.memory.host_malloc"):

@@ -31,7 +31,8 @@ def _doctor(*argv):
     return code, out.getvalue()
 
 
-def test_cpu_config_on_this_cpu_machine_passes(tmp_path):
+def test_cpu_config_on_this_cpu_machine_passes(tmp_path, monkeypatch):
+    monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
     code, text = _doctor("--json", str(tmp_path / "report.json"))
     assert code == 0, text
     assert f"jax {jax.__version__}" in text and "JAX:       backend cpu" in text
@@ -39,8 +40,11 @@ def test_cpu_config_on_this_cpu_machine_passes(tmp_path):
     assert "vLLM:      not imported (rollout.name=jax" in text       # no vLLM import for the native engine
     assert "Ray:       not connected (RAY_ADDRESS unset)" in text
     assert "GPU memory budget per device: JAX up to 0.95" in text and "OK:        this config can run here" in text
+    assert ("host allocator (placement.memory.host_malloc=auto): pools on CPUs get GLIBC_TUNABLES="
+            "glibc.malloc.arena_max=1:") in text and "C library: glibc" in text
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["jax"]["backend"] == "cpu" and report["problems"] == [] and report["device"] == "auto"
+    assert report["host_malloc"] == "auto"
     assert report["budget"] == {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.95", "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
 
 

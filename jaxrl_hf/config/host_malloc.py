@@ -21,6 +21,7 @@ wins. glibc reads the variable when a process starts, so it reaches the workers 
 
 from __future__ import annotations
 
+import platform
 from collections.abc import Mapping
 
 ENV_GLIBC_TUNABLES = "GLIBC_TUNABLES"
@@ -45,4 +46,20 @@ def host_malloc_env(mode: str, environ: Mapping[str, str]) -> tuple[dict[str, st
     return {"auto": ({}, tunables), "reuse": (tunables, {}), "system": ({}, {})}[mode]
 
 
-__all__ = ["ENV_GLIBC_TUNABLES", "HOST_MALLOC_MODES", "KEEP_FREED_MEMORY", "host_malloc_env"]
+def describe_host_malloc(mode: str, environ: Mapping[str, str], libc: tuple[str, str] | None = None) -> str:
+    """One line for the doctor's report: what the worker processes' allocator gets, and whether the C library
+    is glibc (``libc``: ``platform.libc_ver()``; other C libraries ignore the tunables)."""
+    every, cpu_only = host_malloc_env(mode, environ)
+    if every:
+        source = " (the driver's own)" if ENV_GLIBC_TUNABLES in environ else ""
+        what = f"every pool gets {ENV_GLIBC_TUNABLES}={every[ENV_GLIBC_TUNABLES]}{source}"
+    elif cpu_only:
+        what = f"pools on CPUs get {ENV_GLIBC_TUNABLES}={cpu_only[ENV_GLIBC_TUNABLES]} (XLA's freed buffers reused)"
+    else:
+        what = "glibc's defaults (freed blocks over 32 MB go back to the kernel)"
+    name, version = libc if libc is not None else platform.libc_ver()
+    c_library = f"glibc {version}" if name == "glibc" else f"{name or 'unknown'}, not glibc: the tunables do nothing"
+    return f"host allocator (placement.memory.host_malloc={mode}): {what}; C library: {c_library}"
+
+
+__all__ = ["ENV_GLIBC_TUNABLES", "HOST_MALLOC_MODES", "KEEP_FREED_MEMORY", "describe_host_malloc", "host_malloc_env"]
