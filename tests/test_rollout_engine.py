@@ -241,3 +241,38 @@ def test_bf16_compute_keeps_a_float32_cache_on_cpu_with_identical_samples():
     assert eng.cache_dtype == "bfloat16"
     assert np.array_equal(outs[0].response_ids, outs[1].response_ids)
     assert np.array_equal(outs[0].log_probs, outs[1].log_probs)
+
+
+@pytest.mark.parametrize("qkv_bias", [False, True], ids=["llama", "qwen2 (biases)"])
+def test_bf16_decode_weights_cast_once_give_identical_samples(qkv_bias):
+    """On CPU the engine casts the float32 master weights to bf16 once per set_params, the stacked layers' as
+    uint16 bit patterns (`models.forward.decode_weights`: XLA:CPU would slice and convert them in every decode
+    step); the samples and log-probs equal those of the float32 weights cast inside the program, bit for bit."""
+    config = tiny_config(vocab_size=61, eos_token_ids=(), dtype="bfloat16", qkv_bias=qkv_bias)
+    params = random_params(config, seed=5)
+    sp = SamplingParams(temperature=1.0, top_p=0.9, n=2, max_new_tokens=8, seed=6)
+    outs = {}
+    for cast in (None, False):
+        eng = JaxGenerationEngine(config, params, pad_token_id=PAD, eos_token_ids=(), length_buckets=(8, 16),
+                                  batch_buckets=(4, 8), cast_weights=cast)
+        outs[cast] = eng.generate(_prompts(), sp)
+        layers = eng.params["model"]["layers"]
+        kernels = {str(x.dtype) for x in jax.tree.leaves(layers["self_attn"]) + jax.tree.leaves(layers["mlp"])}
+        norms = {str(x.dtype) for x in jax.tree.leaves(layers["input_layernorm"])}
+        assert (kernels, norms) == (({"uint16"}, {"float32"}) if cast is None else ({"float32"}, {"float32"}))
+        if cast is None:  # the copy the program reads: the bf16 numbers the model would have cast to
+            q = jax.lax.bitcast_convert_type(layers["self_attn"]["q_proj"]["kernel"], jnp.bfloat16)
+            assert np.array_equal(np.asarray(q), np.asarray(params["model"]["layers"]["self_attn"]["q_proj"]
+                                                             ["kernel"].astype(jnp.bfloat16)))
+    assert eng.cast_weights is False
+    assert np.array_equal(outs[None].response_ids, outs[False].response_ids)
+    assert np.array_equal(outs[None].log_probs, outs[False].log_probs)
+    # the stored form is an engine detail: a teacher-forced forward over it gives the float32 weights' log-probs
+    eng_cast = JaxGenerationEngine(config, params, pad_token_id=PAD, eos_token_ids=(), length_buckets=(8, 16),
+                                   batch_buckets=(4, 8))
+    ids = jnp.asarray(np.concatenate([outs[None].prompt_ids, outs[None].response_ids], 1))
+    mask = jnp.ones_like(ids)
+    targets = jnp.concatenate([ids[:, 1:], jnp.zeros_like(ids[:, :1])], 1)
+    a, _ = token_log_probs_and_entropy(eng_cast.params, config, ids, targets, mask)
+    b, _ = token_log_probs_and_entropy(params, config, ids, targets, mask)
+    assert np.array_equal(np.asarray(a), np.asarray(b))

@@ -105,6 +105,46 @@ def hidden_states(params: Params, config: DecoderConfig, input_ids: jnp.ndarray,
     return hidden
 
 
+CAST_TO_COMPUTE_DTYPE = ("kernel", "bias", "embedding")
+"""The parameter leaves the model multiplies in its compute dtype (a norm's ``scale`` is used in float32)."""
+
+
+def compute_dtype_weights(params: Params, config: DecoderConfig) -> Params:
+    """``params`` with every leaf the model casts to its compute dtype before use (`CAST_TO_COMPUTE_DTYPE`)
+    already cast: the same forward pass bit for bit, with the cast done once instead of in every call (or, in a
+    decode loop, every step). Unchanged for a float32 model."""
+    dtype = jnp.dtype(config.dtype)
+    if dtype == jnp.float32:
+        return params
+
+    def cast(path: tuple, leaf: jnp.ndarray) -> jnp.ndarray:
+        name = getattr(path[-1], "key", None)
+        return leaf.astype(dtype) if name in CAST_TO_COMPUTE_DTYPE and leaf.dtype == jnp.float32 else leaf
+
+    return jax.tree_util.tree_map_with_path(cast, params)
+
+
+def decode_weights(params: Params, config: DecoderConfig) -> Params:
+    """`compute_dtype_weights`, with the stacked decoder layers' 16-bit weights stored as their bit patterns
+    (``uint16``; `jaxrl_hf.models.llama.weight_from_bits` reads them back, bit for bit).
+
+    XLA:CPU has no bf16 ``dynamic-slice``: in a layer loop it converts the stacked bf16 weights to float32 once and
+    slices and converts each layer's weights back to bf16 at every step (for a decode loop: per layer and per
+    token, a third of a SmolLM2-135M decode step at batch 32). An integer slice is native: the loop copies half
+    the bytes and converts nothing."""
+    params = compute_dtype_weights(params, config)
+    if jnp.dtype(config.dtype).itemsize != 2 or "layers" not in params.get("model", {}):
+        return params
+
+    def bits(path: tuple, leaf: jnp.ndarray) -> jnp.ndarray:
+        name = getattr(path[-1], "key", None)
+        cast = name in CAST_TO_COMPUTE_DTYPE and leaf.dtype == jnp.dtype(config.dtype)
+        return jax.lax.bitcast_convert_type(leaf, jnp.uint16) if cast else leaf
+
+    layers = jax.tree_util.tree_map_with_path(bits, params["model"]["layers"])
+    return {**params, "model": {**params["model"], "layers": layers}}
+
+
 def lm_head_kernel(params: Params, config: DecoderConfig) -> jnp.ndarray:
     """The ``[embed, vocab]`` output projection (the transposed embedding when tied)."""
     if config.tie_word_embeddings:

@@ -119,6 +119,12 @@ def make_norm(config: DecoderConfig, name: str | None = None, axis_name: str = "
     return RMSNorm(config.rms_norm_eps, _dtype(config.param_dtype), axis_name, config.is_gemma, name=name)
 
 
+def weight_from_bits(w: Array, dtype: Any) -> Array:
+    """``w`` as the 16-bit float ``dtype`` when it arrives as its bit patterns (``uint16``, the decode loop's form
+    on XLA:CPU: `jaxrl_hf.models.forward.decode_weights`), else ``w`` unchanged."""
+    return jax.lax.bitcast_convert_type(w, dtype) if w.dtype == jnp.uint16 else w
+
+
 class _Proj(nn.Module):
     """Dense projection ``x[..., in] -> [..., *out_shape]`` with a multi-dim logical kernel."""
 
@@ -136,6 +142,7 @@ class _Proj(nn.Module):
         fan_in = int(np.prod(in_shape))
         init = nn.initializers.normal(stddev=fan_in ** -0.5)
         kernel = self.param("kernel", _init(init, self.kernel_axes), (*in_shape, *self.out_shape), self.param_dtype)
+        kernel = weight_from_bits(kernel, self.dtype)
         # One 2-D matmul [rows, fan_in] @ [fan_in, fan_out]: the same product as contracting the trailing dims
         # in place, but its backward needs no transposed copy of the [B, T, ...] cotangent, which XLA:CPU emits
         # for the N-D form (2.1x slower MLP forward + backward measured on the CI Xeon; GPUs are indifferent).
@@ -148,7 +155,7 @@ class _Proj(nn.Module):
         y = y.reshape(*lead, *self.out_shape)
         if self.bias_axes is not None:
             bias = self.param("bias", _init(nn.initializers.zeros, self.bias_axes), self.out_shape, self.param_dtype)
-            y = y + bias.astype(self.dtype)
+            y = y + weight_from_bits(bias, self.dtype).astype(self.dtype)
         return y
 
 

@@ -27,7 +27,7 @@ import numpy as np
 
 from jaxrl_hf.mesh.rules import logical_to_spec
 from jaxrl_hf.models.config import DecoderConfig
-from jaxrl_hf.models.forward import make_module, param_shardings
+from jaxrl_hf.models.forward import decode_weights, make_module, param_shardings
 from jaxrl_hf.models.llama import (KV_CACHE_LOGICAL_AXES, CausalLM, default_positions, init_kv_cache,
                                    write_kv_cache)
 from jaxrl_hf.rollout import multiprocess as mp
@@ -45,8 +45,12 @@ def default_cache_dtype(config: DecoderConfig, mesh: jax.sharding.Mesh | None = 
     back (no in-place bf16 ``dynamic-update-slice``) and converts it again to attend; a float32 cache is written
     in place and read once. The keys and values are compute-dtype numbers either way, which float32 holds
     exactly, so the samples and log-probs are identical (``launch/bench/bench_kv_cache_dtype.py``)."""
+    return "float32" if _on_cpu(mesh) else config.dtype
+
+
+def _on_cpu(mesh: jax.sharding.Mesh | None) -> bool:
     device = mesh.devices.flat[0] if mesh is not None else jax.devices()[0]
-    return "float32" if device.platform == "cpu" else config.dtype
+    return device.platform == "cpu"
 
 
 def _constrain(module: CausalLM, x: jnp.ndarray, names: tuple) -> jnp.ndarray:
@@ -154,7 +158,8 @@ class JaxGenerationEngine:
     def __init__(self, config: DecoderConfig, params: Any, *, pad_token_id: int,
                  eos_token_ids: Sequence[int] = (), mesh: jax.sharding.Mesh | None = None, rules: Any = None,
                  length_buckets: Sequence[int] = DEFAULT_LENGTH_BUCKETS,
-                 batch_buckets: Sequence[int] = DEFAULT_BATCH_BUCKETS, cache_dtype: str | None = None) -> None:
+                 batch_buckets: Sequence[int] = DEFAULT_BATCH_BUCKETS, cache_dtype: str | None = None,
+                 cast_weights: bool | None = None) -> None:
         if (mesh is None) != (rules is None):
             raise ValueError("JaxGenerationEngine: pass both mesh and rules, or neither")
         # Decoding keeps the layer loop whatever model.scan_layers says for training: an unrolled f32 decode
@@ -167,6 +172,11 @@ class JaxGenerationEngine:
         self.length_buckets = tuple(sorted(length_buckets))
         self.batch_buckets = tuple(sorted(batch_buckets))
         self.cache_dtype = cache_dtype or default_cache_dtype(config, mesh)
+        # XLA:CPU slices and converts each layer's float32 master weights to the compute dtype in every decode
+        # step; `decode_weights` casts them once per set_params, in a form the loop slices natively. A second
+        # copy of the weights: on by default where that is host memory.
+        self.cast_weights = _on_cpu(mesh) if cast_weights is None else bool(cast_weights)
+        self._cast = jax.jit(partial(decode_weights, config=config))
         self._module = make_module(config, mesh, self.rules)
         self._batch_multiple = 1
         if mesh is not None:
@@ -197,7 +207,7 @@ class JaxGenerationEngine:
         """Replace the weights (e.g. after a training step); placed on the mesh when one is set."""
         if self.mesh is not None:
             params = jax.device_put(params, param_shardings(self.config, self.mesh, self.rules))
-        self.params = params
+        self.params = self._cast(params) if self.cast_weights else params
 
     @property
     def num_compilations(self) -> int:
