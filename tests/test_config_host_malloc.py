@@ -16,20 +16,8 @@ from jaxrl_hf.config import ConfigError, load_config
 from jaxrl_hf.config.host_malloc import (ENV_GLIBC_TUNABLES, KEEP_FREED_MEMORY, describe_host_malloc,
                                          host_malloc_env)
 
-_FAULTS_PER_CALL = """
-import ctypes, json, resource, statistics
-libc = ctypes.CDLL(None)
-libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
-libc.free.argtypes = [ctypes.c_void_p]
-faults = []
-for _ in range(16):                             # XLA:CPU's buffers: posix_memalign'd, filled, freed per call
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    block = libc.malloc(64 << 20)               # 64 MiB: above glibc's largest mmap threshold (32 MiB)
-    ctypes.memset(block, 1, 64 << 20)
-    libc.free(block)
-    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
-print(json.dumps(statistics.median(faults[8:])))
-"""
+_FAULTS = ("import json, sys; sys.path.insert(0, sys.argv[1]); "
+           "from _host_malloc_helpers import faults_allocating_64mib_again as f; print(json.dumps(f()))")
 
 
 def test_modes_pick_which_processes_get_the_tunables():
@@ -74,11 +62,12 @@ def test_pools_from_the_config_carry_the_tunables(monkeypatch):
     assert ENV_GLIBC_TUNABLES not in system.env_vars and system.cpu_env_vars == {}
 
 
-def _faults_per_call(tunables: str | None) -> float:
+def _faults_in_a_process(tunables: str | None) -> float:
     env = {k: v for k, v in os.environ.items() if k != ENV_GLIBC_TUNABLES}
     if tunables is not None:
         env[ENV_GLIBC_TUNABLES] = tunables
-    out = subprocess.run([sys.executable, "-c", _FAULTS_PER_CALL], env=env, capture_output=True, text=True,
+    here = os.path.dirname(os.path.abspath(__file__))
+    out = subprocess.run([sys.executable, "-c", _FAULTS, here], env=env, capture_output=True, text=True,
                          timeout=120, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -89,8 +78,8 @@ def test_the_tunables_stop_a_freed_block_from_being_faulted_in_again():
     jitted call's output buffer showed the same in a quiet process but not always under the test suite, where
     JAX's asynchronous frees can interleave; the effect on XLA's temporaries is measured by
     launch/bench/bench_host_malloc.py.)"""
-    system = _faults_per_call(None)
-    reuse = _faults_per_call(KEEP_FREED_MEMORY)
+    system = _faults_in_a_process(None)
+    reuse = _faults_in_a_process(KEEP_FREED_MEMORY)
     page = os.sysconf("SC_PAGE_SIZE")
     with contextlib.suppress(OSError):  # transparent huge pages for every mapping: 2 MiB per fault
         with open("/sys/kernel/mm/transparent_hugepage/enabled") as fh:

@@ -11,6 +11,8 @@ import types
 import pytest
 import ray
 
+import _host_malloc_helpers
+from _host_malloc_helpers import faults_allocating_64mib_again
 from jaxrl_hf.config import ConfigError, load_config
 from jaxrl_hf.config.build import build_dataclass
 from jaxrl_hf.config.loader import apply_overrides
@@ -21,6 +23,7 @@ from jaxrl_hf.config.memory_budget import (DEFAULT_VLLM_GPU_SHARE, ENV_ALLOCATOR
 from jaxrl_hf.controller import Dispatch, Worker, WorkerGroup, register
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+ray.cloudpickle.register_pickle_by_value(_host_malloc_helpers)  # Ray workers need not import tests/
 NO_ENV: dict[str, str] = {}
 
 
@@ -101,29 +104,6 @@ def test_load_config_checks_the_budget(monkeypatch):
         _config("rollout.name=vllm")
 
 
-def _faults_allocating_64mib_again() -> int:
-    """Minor page faults of malloc'ing and filling 64 MiB after the same size was freed three times: 16 Ki
-    pages when glibc maps a fresh block, ~0 when the tunables of `jaxrl_hf.config.host_malloc` are in effect.
-    (libc's malloc itself: numpy asks for huge pages on large arrays, which hides the difference.)"""
-    import ctypes
-    import resource
-
-    libc = ctypes.CDLL(None)
-    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
-    libc.free.argtypes = [ctypes.c_void_p]
-
-    def fill_and_free() -> None:
-        block = libc.malloc(64 << 20)
-        ctypes.memset(block, 1, 64 << 20)
-        libc.free(block)
-
-    for _ in range(3):
-        fill_and_free()
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    fill_and_free()
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
-
-
 class EnvReport(Worker):
     """Reports what its process sees: the budget variables, JAX's backend, and whether glibc keeps freed
     memory (its tunables are read when the process starts: a later ``os.environ`` change would be too late)."""
@@ -134,7 +114,7 @@ class EnvReport(Worker):
 
         return {"env": {k: os.environ.get(k) for k in (ENV_MEM_FRACTION, ENV_PREALLOCATE, ENV_ALLOCATOR)},
                 "backend": jax.default_backend(), "glibc_tunables": os.environ.get(ENV_GLIBC_TUNABLES),
-                "faults_allocating_64mib_again": _faults_allocating_64mib_again()}
+                "faults_allocating_64mib_again": faults_allocating_64mib_again()}
 
 
 def test_budget_reaches_every_worker_process_before_jax(ray_cluster, monkeypatch):
