@@ -204,15 +204,55 @@ def test_model_blockwise_equals_eager_logits_and_param_grads():
         return jnp.sum((lp + 0.1 * ent) * mask.astype(bool))
 
     results = {}
-    for name in ("eager", "blockwise"):
-        cfg = dataclasses.replace(config, attn_implementation=name)
+    variants = {"eager": dict(attn_implementation="eager"), "blockwise": dict(attn_implementation="blockwise"),
+                # attention one packed row at a time: 2 rows per sequence, the longest 18 tokens (row 0)
+                "per-row": dict(attn_implementation="eager", packed_rows=(2, 18)),
+                "per-row blockwise": dict(attn_implementation="blockwise", packed_rows=(2, 20))}
+    for name, options in variants.items():
+        cfg = dataclasses.replace(config, **options)
         logits = jax.jit(forward, static_argnums=1)(params, cfg, ids, mask, positions)
         grads = jax.jit(jax.grad(loss), static_argnums=1)(params, cfg)
         results[name] = (np.asarray(logits)[valid], grads)
-    np.testing.assert_allclose(results["blockwise"][0], results["eager"][0], atol=1e-5, rtol=1e-5)
-    flat_b, flat_e = jax.tree.leaves(results["blockwise"][1]), jax.tree.leaves(results["eager"][1])
-    for a, b in zip(flat_b, flat_e):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5, rtol=1e-4)
+    for name in ("blockwise", "per-row", "per-row blockwise"):
+        np.testing.assert_allclose(results[name][0], results["eager"][0], atol=1e-5, rtol=1e-5, err_msg=name)
+        for a, b in zip(jax.tree.leaves(results[name][1]), jax.tree.leaves(results["eager"][1])):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5, rtol=1e-4, err_msg=name)
+
+
+@pytest.mark.parametrize("window,width,inner", [(0, 17, "eager"), (5, 17, "eager"), (0, 24, "blockwise"),
+                                                (4, 20, "blockwise")])
+def test_per_row_attention_equals_attention_over_the_packed_sequence(window, width, inner):
+    """Rows 1..3 of a packed sequence (one slot empty in the second sequence, padding before and after) attended
+    one at a time in slots of ``width`` (the longest row is 17) == attention over the whole sequence: outputs
+    (padding: 0) and the gradients of q, k, v."""
+    q, k, v = _qkv(5 + window, 2, 2)
+    seg = _segments("packed")
+    segments, scale = jnp.asarray(seg), 8 ** -0.5
+    w = jnp.int32(window) if window else None
+    impl = {"eager": lambda q, k, v, s: attn.eager_attention(q, k, v, s, scale, w),
+            "blockwise": lambda q, k, v, s: attn.blockwise_attention(q, k, v, s, scale, 8, 8, w)}[inner]
+    whole = lambda q, k, v: attn.eager_attention(q, k, v, segments, scale, w)  # noqa: E731
+    per_row = lambda q, k, v: attn.per_row_attention(q, k, v, segments, 3, width, impl)  # noqa: E731
+    valid = seg != 0
+    got, want = np.asarray(jax.jit(per_row)(q, k, v)), np.asarray(jax.jit(whole)(q, k, v))
+    np.testing.assert_allclose(got[valid], want[valid], atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(got[valid], _numpy_attention(q, k, v, seg, scale, window)[valid], atol=1e-5, rtol=1e-5)
+    assert np.all(got[~valid] == 0.0)
+    cot = jnp.asarray(np.random.default_rng(2).normal(size=q.shape), jnp.float32) * valid[:, :, None, None, None]
+    grads = [jax.jit(jax.grad(lambda q, k, v, f=f: jnp.sum(f(q, k, v) * cot), argnums=(0, 1, 2)))(q, k, v)
+             for f in (per_row, whole)]
+    for name, a, b in zip("qkv", *grads):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=1e-5, err_msg=f"d{name}")
+
+
+def test_per_row_attention_pays_only_where_it_computes_fewer_scores():
+    assert attn.per_row_attention_pays(4, 96, 320)  # the default DAPO run's packed update: 36,864 vs 102,400 scores
+    assert attn.per_row_attention_pays(2, 14, 32)
+    assert attn.per_row_attention_pays(16, 4096, 16384)  # equal score counts (268 M): per row, where cuDNN can run
+    assert not attn.per_row_attention_pays(8, 512, 1024)  # 2.1 M scores in row slots vs 1.05 M over the sequence
+    assert not attn.per_row_attention_pays(64, 128, 1024)  # equal scores, but 8x the queries of the sequence
+    with pytest.raises(ValueError, match="packed_rows"):
+        tiny_config(packed_rows=(0, 5))
 
 
 def test_blockwise_grad_memory_is_linear_in_length():

@@ -245,8 +245,8 @@ def test_packed_token_budget_micro_batches(small_model):
     update, log_prob = report["programs"]["update_actor"]["shapes"], report["programs"]["log_prob"]["shapes"]
     # 128-token rows: 2 per device in a 256-token packed sequence; 16 rows of a mini-batch / (8 devices · 2) = 1
     assert (update["rows_per_device"], update["packed_length"], update["num_micro"]) == (2, 256, 1)
-    assert {"pack_input_ids", "pack_segment_ids", "pack_position_ids", "pack_gather"} <= set(update["columns"])
+    assert {"pack_input_ids", "pack_segment_ids", "pack_position_ids", "pack_rows"} <= set(update["columns"])
     assert "input_ids" not in update["columns"] and update["by_tokens"] is True
     # the log-prob pass inherits the budget (rollout.log_prob_* default to the actor's) and is packed too
-    assert log_prob["packed_length"] == 256 and "pack_gather" in log_prob["columns"]
+    assert log_prob["packed_length"] == 256 and "pack_rows" in log_prob["columns"]
     assert not report["keys"]["not_modelled"]

@@ -17,6 +17,7 @@ from jaxrl_hf.controller.worker import WorkerContext
 from jaxrl_hf.workers import ActorRolloutRefWorker, CriticWorker
 from jaxrl_hf.workers.actor_programs import log_probs_program
 from jaxrl_hf.workers.common import WorkerConfigError
+from jaxrl_hf.workers.packed_forward import packed_config
 
 pytestmark = pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 devices: set "
                                 "XLA_FLAGS=--xla_force_host_platform_device_count=8 before jax starts")
@@ -104,6 +105,11 @@ def test_packed_program_runs_on_dp_by_budget(rollout):
     for s in shapes:  # one [dp, L] sequence per data-parallel device, L the token budget
         assert s["pack_input_ids"] == s["pack_segment_ids"] == s["pack_position_ids"] == (4, BUDGET)
         assert "input_ids" not in s and s["responses"][1:] == (R,)
+        # pack_rows: r rows per device of the padded width; attention ran one row at a time (r·T² <= L²)
+        rows, width = s["pack_rows"][0] // 4, s["pack_rows"][1]
+        assert width == P + R and rows * width * width <= BUDGET * BUDGET
+        micro = {k: np.zeros(shape, np.int32) for k, shape in s.items()}
+        assert packed_config(worker.model.config, micro).packed_rows == (rows, width)
 
 
 def one_update(batch, layout, loss_agg_mode):

@@ -13,7 +13,7 @@ import pytest
 
 from jaxrl_hf.workers import packing
 from jaxrl_hf.workers.common import WorkerConfigError
-from jaxrl_hf.workers.packed_forward import gather_response_positions
+from jaxrl_hf.workers.packed_forward import gather_response_positions, response_slots
 
 KEY = "actor.ppo_max_token_len_per_gpu"
 
@@ -89,8 +89,16 @@ def test_fixed_rows_keep_the_padded_layout():
 
 def test_static_sizes():
     assert [packing.bucket(n) for n in (0, 1, 2, 3, 5, 8, 9)] == [1, 1, 2, 4, 8, 8, 16]
-    assert packing.static_length(70, 160) == 128 and packing.static_length(129, 1000) == 256
+    # multiples of 32 up to 4 quanta, then 4 steps per doubling: at most a quarter of the length is padding
+    assert [packing.static_length(n, 10_000) for n in (1, 32, 33, 100, 129, 250, 257, 293, 385, 1000, 5000)] == \
+        [32, 32, 64, 128, 160, 256, 320, 320, 448, 1024, 5120]
+    lengths = [packing.static_length(n, 10 ** 6) for n in range(1, 20_000)]
+    assert all(n <= length and (n > 128 or length - n < 32) and (length - n) * 4 < max(length, 128)
+               for n, length in zip(range(1, 20_000), lengths))
+    assert len(set(lengths)) == 3 + 4 * 7 + 2  # 32, 64, 96, then 4 per doubling from 128 (20k: 16384, 20480)
     assert packing.static_length(150, 160) == 160  # never more than rows x T
+    with pytest.raises(ValueError, match="quantum"):
+        packing.static_length(10, 100, quantum=0)
     padded = packing.pad_slots(np.array([[[4, 2]]]), 2, 4)
     np.testing.assert_array_equal(padded, [[[4, 2, -1, -1]], [[-1, -1, -1, -1]]])
 
@@ -101,12 +109,16 @@ def test_pack_places_every_valid_token_with_restarted_positions():
     lengths = packing.valid_lengths(mask)
     slots = packing.pad_slots(packing.partition_by_tokens(lengths, 30, 2, key=KEY), 4, 8)
     packed = packing.pack_tokens(ids, mask, positions, slots, 30, response)
-    assert packed["pack_input_ids"].shape == (4, 2, 30) and packed["pack_gather"].shape == (4, 16, response)
+    assert packed["pack_input_ids"].shape == (4, 2, 30) and packed["pack_rows"].shape == (4, 16, prompt + response)
     for m, d, s in zip(*np.nonzero(slots != packing.EMPTY)):
         row = slots[m, d, s]
         segment = packed["pack_segment_ids"][m, d] == s + 1
         np.testing.assert_array_equal(packed["pack_input_ids"][m, d][segment], ids[row][mask[row] != 0])
         np.testing.assert_array_equal(packed["pack_position_ids"][m, d][segment], np.arange(lengths[row]))
+        # pack_rows: each valid column of the padded row -> where its token landed; padding columns -> 0
+        where = packed["pack_rows"][m, d * 8 + s]
+        np.testing.assert_array_equal(packed["pack_input_ids"][m, d][where[mask[row] != 0]], ids[row][mask[row] != 0])
+        assert (where[mask[row] == 0] == 0).all()
     for m in range(4):  # padding: segment 0 past each device's rows
         for d in range(2):
             used, segments = packing.packed_loads(lengths, slots)[m, d], packed["pack_segment_ids"][m, d]
@@ -127,12 +139,14 @@ def test_rows_and_per_token_outputs_round_trip_exactly():
     back = packing.scatter_rows(gathered["values"], slots, rows)
     np.testing.assert_array_equal(back[~skip], values[~skip])
     assert (back[skip] == 0).all()
-    # a per-token output of the padded layout (here: the token id itself), packed, then gathered at pack_gather
+    # a per-token output of the padded layout (here: the token id itself), packed, then gathered at the response
+    # slots of pack_rows
     # (the jitted gather of the packed forward) gives the padded layout's [:, P-1 : P-1+R] at every scored slot
     packed = packing.pack_tokens(ids, mask, positions, slots, 16, response)
     per_token = jnp.asarray(packed["pack_input_ids"].astype(np.float32))
     for m in range(8):
-        out = np.asarray(gather_response_positions(per_token[m], jnp.asarray(packed["pack_gather"][m])))
+        micro = {"pack_rows": jnp.asarray(packed["pack_rows"][m]), "responses": jnp.zeros((8, response))}
+        out = np.asarray(gather_response_positions(per_token[m], response_slots(micro)))
         rows_out = packing.scatter_rows(out, slots[m], rows)
         expected = ids[:, prompt - 1:prompt - 1 + response].astype(np.float32)
         here = np.isin(np.arange(rows), slots[m])

@@ -3,7 +3,7 @@
 A pass (actor update, log-probs) is batched by rows (padded ``[D·r, T]``, ``r`` = ``*_micro_batch_size_per_device``),
 by a token budget (verl's ``use_dynamic_bsz`` + ``*_max_token_len_per_gpu`` = ``L``) and/or packed
 (``model.use_remove_padding``: the token columns become `jaxrl_hf.workers.packing.PACKED_KEYS`, ``[D, L]`` per
-micro-batch, one packed sequence per data-parallel device, and ``pack_gather [D·r, R]``). ``D`` is the ``dp`` mesh
+micro-batch, one packed sequence per data-parallel device, and ``pack_rows [D·r, T]``). ``D`` is the ``dp`` mesh
 axis. The worker's shapes depend on the rows' lengths; the plan takes full-length rows (``T = P + R`` tokens
 each), the longest sequences the budget must hold: by tokens ``r = bucket(L // T)`` rows per device, and a
 mini-batch of ``N`` rows takes ``bucket(N / (D·r))`` micro-batches (the worker rounds both up to a power of two);
@@ -19,7 +19,7 @@ from jaxrl_hf.workers import packing
 from jaxrl_hf.workers.token_batches import TOKEN_KEYS, MicroBatching
 
 INT_COLUMNS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask", *packing.PACKED_KEYS)
-PACKED_ROW_KEYS = ("pack_input_ids", "pack_segment_ids", "pack_position_ids")  # [D, L]; pack_gather is per row
+PACKED_ROW_KEYS = ("pack_input_ids", "pack_segment_ids", "pack_position_ids")  # [D, L]; pack_rows is per row
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,7 +46,7 @@ class PassShapes:
             out[key] = ((width,), "int32" if key in INT_COLUMNS else "float32", False)
         if self.packed:
             out.update({k: ((self.packed_length,), "int32", True) for k in PACKED_ROW_KEYS})
-            out["pack_gather"] = ((response_len,), "int32", False)
+            out["pack_rows"] = ((self.width,), "int32", False)
         return out
 
 

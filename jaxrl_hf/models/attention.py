@@ -367,6 +367,59 @@ def cudnn_attention(q: Array, k: Array, v: Array, segments: Array, scale: float)
                         lambda: blockwise_attention(q, k, v, segments, scale))
 
 
+# ------------------------------------------------------------------------------------------ packed rows
+def packed_row_slots(segments: Array, rows: int, width: int) -> tuple[Array, Array]:
+    """Where the rows of packed sequences lie: ``segments [B, L]`` holding segment ids ``1 .. rows``, each one
+    contiguous run of at most ``width`` tokens (0 = padding). Returns ``start [B, rows]`` (a row's first index;
+    0 for an absent one) and ``length [B, rows]``."""
+    member = segments[:, :, None] == jnp.arange(1, rows + 1, dtype=segments.dtype)[None, None, :]  # [B, L, r]
+    return jnp.argmax(member, axis=1).astype(jnp.int32), member.sum(axis=1, dtype=jnp.int32)
+
+
+def _row_windows(x: Array, starts: Array, width: int) -> Array:
+    """``x [L, ...]`` padded by ``width`` at the end -> ``[rows, width, ...]``: the window from each start."""
+    padded = jnp.pad(x, [(0, width)] + [(0, 0)] * (x.ndim - 1))
+    return jax.vmap(lambda s: jax.lax.dynamic_slice_in_dim(padded, s, width, axis=0))(starts)
+
+
+def _add_row_windows(rows: Array, starts: Array, length: int) -> Array:
+    """Inverse of `_row_windows` for rows zeroed past their length: each ``[width, ...]`` row added into an
+    ``[L, ...]`` buffer at its start (one windowed scatter-add)."""
+    width = rows.shape[1]
+    buffer = jnp.zeros((length + width, *rows.shape[2:]), rows.dtype)
+    dims = jax.lax.ScatterDimensionNumbers(update_window_dims=tuple(range(1, rows.ndim)), inserted_window_dims=(),
+                                           scatter_dims_to_operand_dims=(0,))
+    return jax.lax.scatter_add(buffer, starts[:, None], rows, dims, indices_are_sorted=False,
+                               unique_indices=False)[:length]
+
+
+def per_row_attention(q: Array, k: Array, v: Array, segments: Array, rows: int, width: int, attend: Any) -> Array:
+    """Self-attention of packed sequences one row at a time: every row (segment ``s``, `packed_row_slots`) is
+    copied into a ``[B·rows, width]`` slot of its own, left-aligned, ``attend(q, k, v, segments)`` runs there,
+    and each token's output is added back at its packed position. The result equals attention over the packed
+    sequence (a token sees only its own row, causally, at the same distances) for ``(rows / L²)·width²`` of its
+    score count: packing then costs what the padded rows cost in attention, and `cudnn_attention` can take packed
+    rows (each slot is one run from 0). Tokens of segments above ``rows`` or past ``width`` in their row are not
+    seen (the packer guarantees neither occurs); padding gets 0."""
+    b, length = segments.shape
+    segments = segments.astype(jnp.int32)
+    start, count = packed_row_slots(segments, rows, width)
+    start = jnp.where(count > 0, start, length)  # an absent row reads and writes only the padding past L
+    valid = jnp.arange(width, dtype=jnp.int32) < count[..., None]  # [B, r, W]
+    unpack = lambda x: jax.vmap(_row_windows, in_axes=(0, 0, None))(x, start, width).reshape(  # noqa: E731
+        b * rows, width, *x.shape[2:])
+    out = attend(unpack(q), unpack(k), unpack(v), valid.reshape(b * rows, width).astype(jnp.int32))
+    out = out.reshape(b, rows, width, *q.shape[2:])
+    out = jnp.where(valid.reshape(b, rows, width, *([1] * (q.ndim - 2))), out, jnp.zeros((), out.dtype))
+    return jax.vmap(_add_row_windows, in_axes=(0, 0, None))(out, start, length)
+
+
+def per_row_attention_pays(rows: int, width: int, length: int) -> bool:
+    """Whether `per_row_attention` computes no more scores than attention over the packed sequence
+    (``rows · width² <= length²``) and holds at most 4× its queries (``rows · width <= 4 · length``)."""
+    return rows * width * width <= length * length and rows * width <= 4 * length
+
+
 # ------------------------------------------------------------------------------------------ dispatch
 def resolve_implementation(name: str, num_keys: int, dtype: Any, head_dim: int, windowed: bool = False,
                            softcapped: bool = False) -> str:

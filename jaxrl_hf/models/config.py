@@ -3,7 +3,8 @@ and written to HF ``config.json`` by `jaxrl_hf.models.hf_config`.
 
 ``DecoderConfig`` is frozen and hashable so it can be a static argument of ``jax.jit`` and an
 attribute of a flax module. Architecture fields mirror the HF names; ``dtype`` / ``param_dtype`` /
-``remat`` / ``attn_implementation`` are runtime options that never appear in ``config.json``.
+``remat`` / ``attn_implementation`` / ``scan_layers`` / ``packed_rows`` are runtime options that never appear in
+``config.json``.
 """
 
 from __future__ import annotations
@@ -46,7 +47,9 @@ class DecoderConfig:
     ``j`` with ``i - sliding_window < j <= i``. ``model_type`` ``gemma2`` / ``gemma3_text`` add the Gemma
     structure (scaled embedding, ``(1 + w)`` norms, norms after attention and MLP); ``query_pre_attn_scalar`` and
     the soft-caps are fields here, and ``rope_local_theta`` is Gemma 3's RoPE base of its sliding layers (the
-    full layers use ``rope_theta`` and ``rope_scaling``).
+    full layers use ``rope_theta`` and ``rope_scaling``). ``packed_rows = (r, T)``: the input is packed sequences
+    of at most ``r`` rows (segment ids ``1 .. r``) of at most ``T`` tokens each, and attention runs one row at a
+    time (`jaxrl_hf.models.attention.per_row_attention`); set per program by the packed forward passes.
     """
 
     vocab_size: int
@@ -81,6 +84,7 @@ class DecoderConfig:
     remat: str = "none"
     attn_implementation: str = "auto"
     scan_layers: bool = True
+    packed_rows: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -115,6 +119,10 @@ class DecoderConfig:
                 raise ValueError(f"DecoderConfig.{name}={getattr(self, name)!r}; valid: {SUPPORTED_DTYPES}")
         if self.remat not in SUPPORTED_REMAT:
             raise ValueError(f"DecoderConfig.remat={self.remat!r}; valid: {SUPPORTED_REMAT}")
+        if self.packed_rows and (len(self.packed_rows) != 2 or any(
+                not isinstance(n, int) or isinstance(n, bool) or n < 1 for n in self.packed_rows)):
+            raise ValueError(f"DecoderConfig.packed_rows={self.packed_rows!r} must be () or (rows per packed "
+                             "sequence, longest row), two positive ints")
         if self.attn_implementation not in SUPPORTED_ATTN_IMPLEMENTATIONS:
             raise ValueError(f"DecoderConfig.attn_implementation={self.attn_implementation!r} (config key "
                              f"model.attn_implementation); valid: {SUPPORTED_ATTN_IMPLEMENTATIONS}")

@@ -42,6 +42,7 @@ Writing per layer inside the scan instead would copy every layer's whole cache o
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Sequence
 
@@ -52,7 +53,7 @@ import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
 from jaxrl_hf.mesh.rules import logical_to_spec
-from jaxrl_hf.models.attention import cached_attention, self_attention, soft_cap
+from jaxrl_hf.models.attention import cached_attention, per_row_attention, self_attention, soft_cap
 from jaxrl_hf.models.config import DecoderConfig
 from jaxrl_hf.models.matmul import matmul_f32_accumulate
 from jaxrl_hf.models.rope import apply_rope, rope_frequencies
@@ -225,8 +226,12 @@ class Attention(nn.Module):
                                    c.attn_logit_softcapping)
         else:  # training, log-probs, prefill: the configured implementation, segment ids = this call's mask
             segments = jax.lax.dynamic_slice_in_dim(attention_mask.astype(jnp.int32), cache_index, t, axis=1)
-            out = self_attention(qg, kk, v, segments, c.attention_scale, c.attn_implementation, window,
-                                 c.attn_logit_softcapping)
+            attend = functools.partial(self_attention, scale=c.attention_scale, implementation=c.attn_implementation,
+                                       window=window, softcap=c.attn_logit_softcapping)
+            if c.packed_rows:  # packed sequences: attention one row at a time
+                out = per_row_attention(qg, kk, v, segments, *c.packed_rows, attend)
+            else:
+                out = attend(qg, kk, v, segments)
         out = checkpoint_name(out, "attn_out")
         out = constrain(out.reshape(b, t, h, d), ("batch", "attn_length", "attn_heads", "head_dim"), self.mesh,
                         self.rules)

@@ -19,9 +19,12 @@ is its number of valid tokens (``attention_mask != 0``).
 4. **Packing** — `pack_tokens` concatenates each device's rows into one ``[L]`` sequence: ``pack_input_ids``,
    ``pack_segment_ids`` (slot ``s`` is segment ``s + 1``, 0 = padding: the decoder's segment-id contract, see
    `jaxrl_hf.models.llama.split_attention_masks`), ``pack_position_ids`` (each row's own ``position_ids``,
-   restarting at 0 per row) and ``pack_gather [M, D·r, R]``: for response slot ``t`` of a row, the index in its
-   device's packed sequence of the token *before* it (whose output scores response token ``t``), so per-token
-   outputs gathered there are the padded layout's ``[:, P - 1 + t]``.
+   restarting at 0 per row) and ``pack_rows [M, D·r, T]``: for column ``c`` of a row's padded layout, its index
+   in its device's packed sequence (0 for a padding column). Its shape tells the jitted program how many rows a
+   sequence holds and how long one can be (attention then runs per row,
+   `jaxrl_hf.models.attention.per_row_attention`); ``pack_rows[:, P - 1 : T - 1]`` holds for response slot
+   ``t`` the token *before* it (whose output scores response token ``t``), so per-token outputs gathered there
+   are the padded layout's ``[:, P - 1 + t]``.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ import numpy as np
 from jaxrl_hf.workers.common import WorkerConfigError
 
 EMPTY = -1
-PACKED_KEYS = ("pack_input_ids", "pack_segment_ids", "pack_position_ids", "pack_gather")
+PACKED_KEYS = ("pack_input_ids", "pack_segment_ids", "pack_position_ids", "pack_rows")
 
 
 def bucket(n: int) -> int:
@@ -43,9 +46,17 @@ def bucket(n: int) -> int:
     return 1 << max(int(n) - 1, 0).bit_length()
 
 
-def static_length(needed: int, cap: int, quantum: int = 128) -> int:
-    """Packed length for fixed-row micro-batches: the smallest ``quantum·2^k >= needed``, at most ``cap``."""
-    return min(int(cap), quantum * bucket(math.ceil(max(int(needed), 1) / quantum)))
+def static_length(needed: int, cap: int, quantum: int = 32, per_octave: int = 4) -> int:
+    """Packed length for fixed-row micro-batches, at most ``cap``: ``needed`` rounded up to a multiple of
+    ``quantum``, and above ``per_octave`` quanta to one of ``per_octave`` steps per doubling (multiples of
+    ``quantum · 2^k`` between ``per_octave · quantum · 2^k`` and twice that). A length then wastes at most
+    ``1 / per_octave`` of itself on padding (a power of two: up to half) while a varying load reuses a few
+    compiled programs (``per_octave`` per doubling)."""
+    if quantum < 1 or per_octave < 1:
+        raise ValueError(f"static_length: quantum {quantum} and per_octave {per_octave} must be >= 1")
+    quanta = math.ceil(max(int(needed), 1) / quantum)
+    step = 1 << max(quanta.bit_length() - per_octave.bit_length(), 0)
+    return min(int(cap), quantum * step * math.ceil(quanta / step))
 
 
 def valid_lengths(attention_mask: np.ndarray) -> np.ndarray:
@@ -163,11 +174,10 @@ def packed_loads(lengths: np.ndarray, slots: np.ndarray) -> np.ndarray:
 def pack_tokens(input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray, slots: np.ndarray,
                 length: int, response_length: int) -> dict[str, np.ndarray]:
     """The packed inputs of ``slots [M, D, r]`` (module docstring, point 4): ``pack_input_ids``,
-    ``pack_segment_ids``, ``pack_position_ids`` ``[M, D, length]`` and ``pack_gather [M, D·r, R]`` (int32).
+    ``pack_segment_ids``, ``pack_position_ids`` ``[M, D, length]`` and ``pack_rows [M, D·r, T]`` (int32).
 
-    A response slot whose token or predecessor is padding maps to index 0 (its output is garbage and must be
-    masked, as the padded layout's is); a scored response token right after a padding token cannot be packed
-    and raises."""
+    A response slot whose predecessor is padding maps to index 0 (its output is garbage and must be masked, as
+    the padded layout's is); a scored response token right after a padding token cannot be packed and raises."""
     input_ids, position_ids = np.asarray(input_ids), np.asarray(position_ids)
     valid = np.asarray(attention_mask) != 0
     width = valid.shape[1]
@@ -178,7 +188,7 @@ def pack_tokens(input_ids: np.ndarray, attention_mask: np.ndarray, position_ids:
     ids = np.zeros((m, d, length), np.int32)
     segments = np.zeros((m, d, length), np.int32)
     positions = np.zeros((m, d, length), np.int32)
-    gather = np.zeros((m, d, r, response_length), np.int32)
+    where = np.zeros((m, d, r, width), np.int32)
     predecessor = np.arange(prompt - 1, width - 1)  # padded column of the token before response slot t
     for mi in range(m):
         for di in range(d):
@@ -190,17 +200,15 @@ def pack_tokens(input_ids: np.ndarray, attention_mask: np.ndarray, position_ids:
                 n = len(cols)
                 if cursor + n > length:
                     raise ValueError(f"pack_tokens: micro-batch {mi} device {di} needs more than {length} tokens")
-                ids[mi, di, cursor:cursor + n] = input_ids[row, cols]
-                positions[mi, di, cursor:cursor + n] = position_ids[row, cols]
-                segments[mi, di, cursor:cursor + n] = s + 1
-                rank = np.cumsum(valid[row]) - 1  # index among the row's valid tokens
-                before_ok = valid[row, predecessor]
-                broken = valid[row, prompt:] & ~before_ok
+                broken = valid[row, prompt:] & ~valid[row, predecessor]
                 if broken.any():
                     t = int(np.flatnonzero(broken)[0])
                     raise ValueError(f"pack_tokens: row {row}: response token {t} follows a padding token "
                                      "(attention_mask 0), which a packed sequence cannot represent")
-                gather[mi, di, s] = np.where(before_ok, cursor + rank[predecessor], 0)
+                ids[mi, di, cursor:cursor + n] = input_ids[row, cols]
+                positions[mi, di, cursor:cursor + n] = position_ids[row, cols]
+                segments[mi, di, cursor:cursor + n] = s + 1
+                where[mi, di, s, cols] = cursor + np.arange(n)
                 cursor += n
     return {"pack_input_ids": ids, "pack_segment_ids": segments, "pack_position_ids": positions,
-            "pack_gather": gather.reshape(m, d * r, response_length)}
+            "pack_rows": where.reshape(m, d * r, width)}

@@ -10,8 +10,9 @@ pass's rows to it instead of the padded path:
   through ``live_fn`` = `has_response_tokens` and which count in no denominator: their ``response_mask`` is 0);
 * forward passes (`MicroBatching.apply`): one jitted call per micro-batch, outputs scattered back to row order.
 
-Static shapes: packed micro-batches are ``[D, L]`` with ``L`` the token budget (by tokens) or the smallest
-``128·2^k`` that fits a micro-batch of the mini-batch (by rows, at most ``rows·T``); the rows per device ``r``
+Static shapes: packed micro-batches are ``[D, L]`` with ``L`` the token budget (by tokens) or
+`packing.static_length` of the micro-batch's largest load (by rows: 4 lengths per doubling, at most ``rows·T``); the
+rows per device ``r``
 are bucketed to a power of two. With several processes the counts are agreed (maximum over processes), since
 every micro-batch is one SPMD program over all of them. Rows whose ``response_mask`` is all 0 (the dispatch's
 padding rows, overlong-filtered samples) are left out: their loss, gradient and outputs are 0 either way.
