@@ -376,42 +376,49 @@ def packed_row_slots(segments: Array, rows: int, width: int) -> tuple[Array, Arr
     return jnp.argmax(member, axis=1).astype(jnp.int32), member.sum(axis=1, dtype=jnp.int32)
 
 
-def _row_windows(x: Array, starts: Array, width: int) -> Array:
-    """``x [L, ...]`` padded by ``width`` at the end -> ``[rows, width, ...]``: the window from each start."""
-    padded = jnp.pad(x, [(0, width)] + [(0, 0)] * (x.ndim - 1))
-    return jax.vmap(lambda s: jax.lax.dynamic_slice_in_dim(padded, s, width, axis=0))(starts)
+@jax.custom_vjp
+def _move_rows(x: Array, index: Array, valid: Array, back_index: Array, back_valid: Array) -> Array:
+    """``y[b, i] = x[b, index[b, i]]`` where ``valid[b, i]``, else 0: tokens moved along axis 1 by a partial
+    bijection whose inverse is ``(back_index, back_valid)``. The transpose of such a move is the inverse move, so
+    the gradient is a gather too: no scatter-add (a bf16 scatter-add is an atomic compare-and-swap loop on a GPU)."""
+    picked = jax.vmap(lambda xb, ib: xb[ib])(x, index)
+    return jnp.where(valid.reshape(*valid.shape, *([1] * (x.ndim - 2))), picked, jnp.zeros((), x.dtype))
 
 
-def _add_row_windows(rows: Array, starts: Array, length: int) -> Array:
-    """Inverse of `_row_windows` for rows zeroed past their length: each ``[width, ...]`` row added into an
-    ``[L, ...]`` buffer at its start (one windowed scatter-add)."""
-    width = rows.shape[1]
-    buffer = jnp.zeros((length + width, *rows.shape[2:]), rows.dtype)
-    dims = jax.lax.ScatterDimensionNumbers(update_window_dims=tuple(range(1, rows.ndim)), inserted_window_dims=(),
-                                           scatter_dims_to_operand_dims=(0,))
-    return jax.lax.scatter_add(buffer, starts[:, None], rows, dims, indices_are_sorted=False,
-                               unique_indices=False)[:length]
+def _move_rows_fwd(x, index, valid, back_index, back_valid):  # noqa: ANN001, ANN202
+    return _move_rows(x, index, valid, back_index, back_valid), (index, valid, back_index, back_valid)
+
+
+def _move_rows_bwd(saved, dy):  # noqa: ANN001, ANN202
+    index, valid, back_index, back_valid = saved
+    return _move_rows(dy, back_index, back_valid, index, valid), None, None, None, None
+
+
+_move_rows.defvjp(_move_rows_fwd, _move_rows_bwd)
 
 
 def per_row_attention(q: Array, k: Array, v: Array, segments: Array, rows: int, width: int, attend: Any) -> Array:
     """Self-attention of packed sequences one row at a time: every row (segment ``s``, `packed_row_slots`) is
-    copied into a ``[B·rows, width]`` slot of its own, left-aligned, ``attend(q, k, v, segments)`` runs there,
-    and each token's output is added back at its packed position. The result equals attention over the packed
-    sequence (a token sees only its own row, causally, at the same distances) for ``(rows / L²)·width²`` of its
-    score count: packing then costs what the padded rows cost in attention, and `cudnn_attention` can take packed
-    rows (each slot is one run from 0). Tokens of segments above ``rows`` or past ``width`` in their row are not
-    seen (the packer guarantees neither occurs); padding gets 0."""
+    moved into a ``[B·rows, width]`` slot of its own, left-aligned, ``attend(q, k, v, segments)`` runs there,
+    and each token's output is moved back to its packed position (`_move_rows`, gathers both ways). The result
+    equals attention over the packed sequence (a token sees only its own row, causally, at the same distances)
+    for ``(rows / L²)·width²`` of its score count: packing then costs what the padded rows cost in attention, and
+    `cudnn_attention` can take packed rows (each slot is one run from 0). Tokens of segments above ``rows`` or
+    past ``width`` in their row are not seen (the packer guarantees neither occurs); padding gets 0."""
     b, length = segments.shape
     segments = segments.astype(jnp.int32)
     start, count = packed_row_slots(segments, rows, width)
-    start = jnp.where(count > 0, start, length)  # an absent row reads and writes only the padding past L
-    valid = jnp.arange(width, dtype=jnp.int32) < count[..., None]  # [B, r, W]
-    unpack = lambda x: jax.vmap(_row_windows, in_axes=(0, 0, None))(x, start, width).reshape(  # noqa: E731
+    offsets = jnp.arange(width, dtype=jnp.int32)
+    slot_valid = (offsets < count[..., None]).reshape(b, rows * width)  # row slot -> a token of the row
+    slot_index = jnp.minimum(start[..., None] + offsets, length - 1).reshape(b, rows * width)
+    row = jnp.clip(segments - 1, 0, rows - 1)
+    offset = jnp.arange(length, dtype=jnp.int32)[None] - jnp.take_along_axis(start, row, axis=1)
+    token_valid = (segments > 0) & (segments <= rows) & (offset < width)  # packed token -> its row slot
+    token_index = row * width + jnp.clip(offset, 0, width - 1)
+    unpack = lambda x: _move_rows(x, slot_index, slot_valid, token_index, token_valid).reshape(  # noqa: E731
         b * rows, width, *x.shape[2:])
-    out = attend(unpack(q), unpack(k), unpack(v), valid.reshape(b * rows, width).astype(jnp.int32))
-    out = out.reshape(b, rows, width, *q.shape[2:])
-    out = jnp.where(valid.reshape(b, rows, width, *([1] * (q.ndim - 2))), out, jnp.zeros((), out.dtype))
-    return jax.vmap(_add_row_windows, in_axes=(0, 0, None))(out, start, length)
+    out = attend(unpack(q), unpack(k), unpack(v), slot_valid.reshape(b * rows, width).astype(jnp.int32))
+    return _move_rows(out.reshape(b, rows * width, *q.shape[2:]), token_index, token_valid, slot_index, slot_valid)
 
 
 def per_row_attention_pays(rows: int, width: int, length: int) -> bool:

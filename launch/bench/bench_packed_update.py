@@ -12,7 +12,9 @@ each in a fresh process, the order rotated every round:
 * ``packed``: each micro-batch's rows packed into one sequence of `packing.static_length` tokens, attention one
   row at a time (`jaxrl_hf.models.attention.per_row_attention`, where it computes no more scores);
 * ``packed-whole``: the same packed sequences, attention over the whole sequence (the previous behaviour; on a
-  GPU, packed segments keep cuDNN out and run the blockwise kernel).
+  GPU, packed segments keep cuDNN out and run the blockwise kernel);
+* ``packed-budget``: packed sequences of a token budget (verl's ``use_dynamic_bsz`` +
+  ``ppo_max_token_len_per_gpu`` = ``micro · (P + R)``, the padded micro-batch's size), attention per row.
 
 Per variant: the first call (compile + step), the median of ``--repeats`` more, real (non-padding) tokens per
 second, model FLOPs over real tokens per second (`trainer.metrics.actor_update_flops`) and their share of the
@@ -36,7 +38,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-VARIANTS = ("padded", "packed", "packed-whole")
+VARIANTS = ("padded", "packed", "packed-whole", "packed-budget")
 SHAPES = {  # the default DAPO run's model and rows; a Qwen2.5-1.5B-like model at 1k-token rows (GPU)
     "smollm2-135m": {"model": dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30,
                                    num_heads=9, num_kv_heads=3, max_position_embeddings=2048,
@@ -86,6 +88,9 @@ def run_variant(shape_name: str, variant: str, repeats: int) -> dict:
     config = worker_config(shape, "bf16-auto-none", None)
     config["model"].update(use_remove_padding=variant != "padded", scan_layers=shape["scan_layers"])
     config["actor"]["ppo_mini_batch_size"] = shape["mini"]
+    if variant == "packed-budget":
+        budget = shape["micro"] * (shape["prompt"] + shape["response"])
+        config["actor"].update(use_dynamic_bsz=True, ppo_max_token_len_per_gpu=budget)
     worker = ActorRolloutRefWorker._instantiate(WorkerContext("actor", "bench_packed_update", 0, 1),
                                                 (copy.deepcopy(config), "actor_rollout"), {})
     info = worker.init_model()
