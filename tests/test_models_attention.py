@@ -251,6 +251,7 @@ def test_per_row_attention_pays_only_where_it_computes_fewer_scores():
     assert attn.per_row_attention_pays(16, 4096, 16384)  # equal score counts (268 M): per row, where cuDNN can run
     assert not attn.per_row_attention_pays(8, 512, 1024)  # 2.1 M scores in row slots vs 1.05 M over the sequence
     assert not attn.per_row_attention_pays(64, 128, 1024)  # equal scores, but 8x the queries of the sequence
+    assert not attn.per_row_attention_pays(1, 16384, 16384)  # one row: the packed sequence is already one run
     with pytest.raises(ValueError, match="packed_rows"):
         tiny_config(packed_rows=(0, 5))
 

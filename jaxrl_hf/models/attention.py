@@ -422,9 +422,10 @@ def per_row_attention(q: Array, k: Array, v: Array, segments: Array, rows: int, 
 
 
 def per_row_attention_pays(rows: int, width: int, length: int) -> bool:
-    """Whether `per_row_attention` computes no more scores than attention over the packed sequence
-    (``rows · width² <= length²``) and holds at most 4× its queries (``rows · width <= 4 · length``)."""
-    return rows * width * width <= length * length and rows * width <= 4 * length
+    """Whether `per_row_attention` is worth it: more than one row per sequence (one row is already one run), no
+    more scores than attention over the packed sequence (``rows · width² <= length²``) and at most 4× its
+    queries (``rows · width <= 4 · length``)."""
+    return rows > 1 and rows * width * width <= length * length and rows * width <= 4 * length
 
 
 # ------------------------------------------------------------------------------------------ dispatch
