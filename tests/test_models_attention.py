@@ -18,6 +18,7 @@ from jaxrl_hf.config import load_config
 from jaxrl_hf.config.build import ConfigError
 from jaxrl_hf.config.schema import ModelConfig
 from jaxrl_hf.models import attention as attn
+from jaxrl_hf.models import packed_attention
 from jaxrl_hf.models.config import SUPPORTED_ATTN_IMPLEMENTATIONS, SUPPORTED_REMAT
 from jaxrl_hf.models.forward import forward, init_params, next_token_targets, token_log_probs_and_entropy
 from jaxrl_hf.workers.common import WorkerConfigError, load_model
@@ -232,7 +233,7 @@ def test_per_row_attention_equals_attention_over_the_packed_sequence(window, wid
     impl = {"eager": lambda q, k, v, s: attn.eager_attention(q, k, v, s, scale, w),
             "blockwise": lambda q, k, v, s: attn.blockwise_attention(q, k, v, s, scale, 8, 8, w)}[inner]
     whole = lambda q, k, v: attn.eager_attention(q, k, v, segments, scale, w)  # noqa: E731
-    per_row = lambda q, k, v: attn.per_row_attention(q, k, v, segments, 3, width, impl)  # noqa: E731
+    per_row = lambda q, k, v: packed_attention.per_row_attention(q, k, v, segments, 3, width, impl)  # noqa: E731
     valid = seg != 0
     got, want = np.asarray(jax.jit(per_row)(q, k, v)), np.asarray(jax.jit(whole)(q, k, v))
     np.testing.assert_allclose(got[valid], want[valid], atol=1e-5, rtol=1e-5)
@@ -246,12 +247,12 @@ def test_per_row_attention_equals_attention_over_the_packed_sequence(window, wid
 
 
 def test_per_row_attention_pays_only_where_it_computes_fewer_scores():
-    assert attn.per_row_attention_pays(4, 96, 320)  # the default DAPO run's packed update: 36,864 vs 102,400 scores
-    assert attn.per_row_attention_pays(2, 14, 32)
-    assert attn.per_row_attention_pays(16, 4096, 16384)  # equal score counts (268 M): per row, where cuDNN can run
-    assert not attn.per_row_attention_pays(8, 512, 1024)  # 2.1 M scores in row slots vs 1.05 M over the sequence
-    assert not attn.per_row_attention_pays(64, 128, 1024)  # equal scores, but 8x the queries of the sequence
-    assert not attn.per_row_attention_pays(1, 16384, 16384)  # one row: the packed sequence is already one run
+    assert packed_attention.per_row_attention_pays(4, 96, 320)  # the default DAPO run's packed update: 36,864 vs 102,400 scores
+    assert packed_attention.per_row_attention_pays(2, 14, 32)
+    assert packed_attention.per_row_attention_pays(16, 4096, 16384)  # equal score counts (268 M): per row, where cuDNN can run
+    assert not packed_attention.per_row_attention_pays(8, 512, 1024)  # 2.1 M scores in row slots vs 1.05 M over the sequence
+    assert not packed_attention.per_row_attention_pays(64, 128, 1024)  # equal scores, but 8x the queries of the sequence
+    assert not packed_attention.per_row_attention_pays(1, 16384, 16384)  # one row: the packed sequence is already one run
     with pytest.raises(ValueError, match="packed_rows"):
         tiny_config(packed_rows=(0, 5))
 

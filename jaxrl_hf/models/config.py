@@ -49,7 +49,7 @@ class DecoderConfig:
     the soft-caps are fields here, and ``rope_local_theta`` is Gemma 3's RoPE base of its sliding layers (the
     full layers use ``rope_theta`` and ``rope_scaling``). ``packed_rows = (r, T)``: the input is packed sequences
     of at most ``r`` rows (segment ids ``1 .. r``) of at most ``T`` tokens each, and attention runs one row at a
-    time (`jaxrl_hf.models.attention.per_row_attention`); set per program by the packed forward passes.
+    time (`jaxrl_hf.models.packed_attention.per_row_attention`); set per program by the packed forward passes.
     """
 
     vocab_size: int

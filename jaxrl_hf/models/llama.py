@@ -53,9 +53,10 @@ import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
 from jaxrl_hf.mesh.rules import logical_to_spec
-from jaxrl_hf.models.attention import cached_attention, per_row_attention, self_attention, soft_cap
+from jaxrl_hf.models.attention import cached_attention, self_attention, soft_cap
 from jaxrl_hf.models.config import DecoderConfig
 from jaxrl_hf.models.matmul import matmul_f32_accumulate
+from jaxrl_hf.models.packed_attention import per_row_attention
 from jaxrl_hf.models.rope import apply_rope, rope_frequencies
 
 Array = jnp.ndarray

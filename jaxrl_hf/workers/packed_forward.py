@@ -18,10 +18,10 @@ from typing import Any, Mapping
 import jax
 import jax.numpy as jnp
 
-from jaxrl_hf.models.attention import per_row_attention_pays
 from jaxrl_hf.models.config import DecoderConfig
 from jaxrl_hf.models.forward import hidden_states, lm_head_kernel
 from jaxrl_hf.models.logprobs import log_probs_and_entropy_from_hidden
+from jaxrl_hf.models.packed_attention import per_row_attention_pays
 from jaxrl_hf.models.value_head import value_forward
 from jaxrl_hf.workers.losses import LogProbFn, ValueFn
 

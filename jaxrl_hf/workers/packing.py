@@ -22,7 +22,7 @@ is its number of valid tokens (``attention_mask != 0``).
    restarting at 0 per row) and ``pack_rows [M, D·r, T]``: for column ``c`` of a row's padded layout, its index
    in its device's packed sequence (0 for a padding column). Its shape tells the jitted program how many rows a
    sequence holds and how long one can be (attention then runs per row,
-   `jaxrl_hf.models.attention.per_row_attention`); ``pack_rows[:, P - 1 : T - 1]`` holds for response slot
+   `jaxrl_hf.models.packed_attention.per_row_attention`); ``pack_rows[:, P - 1 : T - 1]`` holds for response slot
    ``t`` the token *before* it (whose output scores response token ``t``), so per-token outputs gathered there
    are the padded layout's ``[:, P - 1 + t]``.
 """

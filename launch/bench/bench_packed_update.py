@@ -73,13 +73,10 @@ def rollout_rows(shape: dict, vocab: int, seed: int = 0):
     }, meta_info={"global_step": 0}), mask.sum(1)
 
 
-def run_variant(shape_name: str, variant: str, repeats: int) -> dict:
-    import jax
-    import numpy as np
-
-    from _gpu_update import device_memory, worker_config
+def build(shape_name: str, variant: str):
+    """``(worker, batch, real lengths [rows], init info)``: the actor worker of ``variant`` and its rows."""
+    from _gpu_update import worker_config
     from jaxrl_hf.controller.worker import WorkerContext
-    from jaxrl_hf.trainer.metrics import actor_update_flops
     from jaxrl_hf.workers import ActorRolloutRefWorker, packed_forward
 
     if variant == "packed-whole":
@@ -94,7 +91,17 @@ def run_variant(shape_name: str, variant: str, repeats: int) -> dict:
     worker = ActorRolloutRefWorker._instantiate(WorkerContext("actor", "bench_packed_update", 0, 1),
                                                 (copy.deepcopy(config), "actor_rollout"), {})
     info = worker.init_model()
-    batch, lengths = rollout_rows(shape, worker.model.config.vocab_size)
+    return (worker, *rollout_rows(shape, worker.model.config.vocab_size), info)
+
+
+def run_variant(shape_name: str, variant: str, repeats: int) -> dict:
+    import jax
+    import numpy as np
+
+    from _gpu_update import device_memory
+    from jaxrl_hf.trainer.metrics import actor_update_flops
+
+    worker, batch, lengths, info = build(shape_name, variant)
     metrics: dict = {}
 
     def update() -> float:
