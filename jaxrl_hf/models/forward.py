@@ -56,8 +56,14 @@ def param_logical_axes(config: DecoderConfig) -> Any:
     ``PartitionSpec`` is a tuple subclass and a pytree leaf; map it to mesh axes with
     ``jaxrl_hf.mesh.logical_to_shardings(tree, mesh, rules)``.
     """
-    boxed = jax.eval_shape(lambda: _init_boxed(config, jax.random.key(0)))
-    return nn.get_partition_spec(boxed)
+    return jax.tree.map(lambda spec: spec, _param_logical_axes(config))  # a fresh tree: callers may edit theirs
+
+
+@functools.lru_cache(maxsize=16)
+def _param_logical_axes(config: DecoderConfig) -> Any:
+    # traced once per config: the engine asks for the shardings at every weight sync, where tracing the module's
+    # init took 0.14 s (a fifth of a GPU update of 16 x 1k tokens at 1.5 B parameters)
+    return nn.get_partition_spec(jax.eval_shape(lambda: _init_boxed(config, jax.random.key(0))))
 
 
 def param_shardings(config: DecoderConfig, mesh: jax.sharding.Mesh, rules: Any) -> Any:
