@@ -5,7 +5,7 @@ A packed micro-batch (`jaxrl_hf.workers.packing.pack_tokens`) holds ``pack_input
 ``pack_position_ids`` ``[D, L]`` (one sequence per data-parallel device; the segment ids are the decoder's
 ``attention_mask``, so a token attends causally within its own row only) and ``pack_rows [D·r, T]`` (row ``j``
 belongs to device ``j // r``; entry ``c``: the packed index of the token in column ``c`` of its padded layout).
-The decoder runs once over ``[D, L]``, its attention one row at a time when that computes fewer scores than
+The decoder runs once over ``[D, L]``, its attention one row at a time when that computes no more scores than
 the whole sequence would (`packed_config`); the per-token outputs at ``pack_rows[:, T - R - 1 : T - 1]`` are
 exactly the padded forward's ``[:, P - 1 : P - 1 + R]`` (attention sees the same keys with the same positions),
 so log-probs, entropy and values equal the padded path's up to float summation order.
