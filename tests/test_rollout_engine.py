@@ -224,23 +224,33 @@ def test_n_samples_share_one_prefill_with_the_same_results():
     assert not np.array_equal(shared.response_ids[0], shared.response_ids[1])  # the samples differ
 
 
-def test_bf16_compute_keeps_a_float32_cache_on_cpu_with_identical_samples():
-    """On CPU the default KV cache is float32 (XLA:CPU rewrites a whole bf16 cache to write one slot); it holds
-    the bf16 keys/values exactly, so samples and log-probs equal those of a bf16 cache bit for bit."""
-    from jaxrl_hf.rollout.jax_engine import default_cache_dtype
+def test_bf16_cache_is_held_as_bit_patterns_on_cpu_with_identical_samples():
+    """On CPU a bf16 KV cache is held as its uint16 bit patterns (XLA:CPU slices and writes a 16-bit float array in
+    place only as integers); the samples and log-probs equal those of a float32 cache and of a plain bf16 one
+    (which hold the same bf16 keys/values) bit for bit."""
+    from jaxrl_hf.rollout.jax_engine import cache_storage_dtype, default_cache_dtype
 
     config = tiny_config(vocab_size=61, eos_token_ids=(), dtype="bfloat16", qk_norm=True)
     params = random_params(config, seed=3)
-    assert default_cache_dtype(config) == "float32" and default_cache_dtype(CONFIG) == "float32"
+    assert default_cache_dtype(config) == "bfloat16" and default_cache_dtype(CONFIG) == "float32"
+    assert cache_storage_dtype("bfloat16", config, True) == "uint16"
+    assert cache_storage_dtype("bfloat16", config, False) == "bfloat16"
+    assert cache_storage_dtype("float32", config, True) == "float32"
+    assert cache_storage_dtype("float32", CONFIG, True) == "float32"
     sp = SamplingParams(temperature=1.0, top_p=0.9, n=2, max_new_tokens=8, seed=4)
     outs = []
-    for cache_dtype in (None, "bfloat16"):
+    for cache_dtype in (None, "float32"):
         eng = JaxGenerationEngine(config, params, pad_token_id=PAD, eos_token_ids=(), length_buckets=(8, 16),
                                   batch_buckets=(4, 8), cache_dtype=cache_dtype)
         outs.append(eng.generate(_prompts(), sp))
-    assert eng.cache_dtype == "bfloat16"
-    assert np.array_equal(outs[0].response_ids, outs[1].response_ids)
-    assert np.array_equal(outs[0].log_probs, outs[1].log_probs)
+    assert eng.cache_dtype == "float32" and eng._cache_storage == "float32"
+    plain = JaxGenerationEngine(config, params, pad_token_id=PAD, eos_token_ids=(), length_buckets=(8, 16),
+                                batch_buckets=(4, 8), cache_as_bits=False)  # a real bf16 array, as on a GPU
+    assert plain._cache_storage == "bfloat16"
+    outs.append(plain.generate(_prompts(), sp))
+    for other in outs[1:]:
+        assert np.array_equal(outs[0].response_ids, other.response_ids)
+        assert np.array_equal(outs[0].log_probs, other.log_probs)
 
 
 @pytest.mark.parametrize("qkv_bias", [False, True], ids=["llama", "qwen2 (biases)"])

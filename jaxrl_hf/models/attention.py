@@ -105,41 +105,35 @@ def eager_attention(q: Array, k: Array, v: Array, segments: Array, scale: float,
     return jnp.einsum("bkgts,bskd->btkgd", probs, v)
 
 
-def _cached_scores(qg: Array, cached_k: Array, dt: Any) -> Array:
-    """f32 ``q . k`` over the cache: ``qg [B, T, kv_heads, groups, D]``, ``cached_k [B, S, kv_heads, D]``
-    -> ``[B, kv_heads, groups, T, S]``.
-
-    For a single query (decode) this is a multiply-and-reduce that XLA fuses with the read of the
-    cache in its stored layout; a batched matmul would first transpose the whole layer cache.
-    """
-    if qg.shape[1] == 1:
-        prod = qg[:, 0, None].astype(jnp.float32) * cached_k[:, :, :, None, :].astype(jnp.float32)
-        return jnp.sum(prod, axis=-1).transpose(0, 2, 3, 1)[:, :, :, None, :]  # [B,S,K,G] -> [B,K,G,1,S]
-    return jnp.einsum("btkgd,bskd->bkgts", qg, cached_k.astype(dt), preferred_element_type=jnp.float32)
-
-
-def _cached_values(probs: Array, cached_v: Array, dt: Any) -> Array:
-    """``sum_s probs[b,k,g,t,s] * cached_v[b,s,k,d]`` -> ``[B, T, kv_heads, groups, D]`` (see ``_cached_scores``)."""
-    if probs.shape[3] == 1:
-        weights = probs[:, :, :, 0].transpose(0, 3, 1, 2)[..., None].astype(jnp.float32)  # [B,S,K,G,1]
-        out = jnp.sum(weights * cached_v[:, :, :, None, :].astype(jnp.float32), axis=1)  # [B,K,G,D]
-        return out[:, None].astype(dt)
-    return jnp.einsum("bkgts,bskd->btkgd", probs, cached_v.astype(dt))
-
-
 def cached_attention(q: Array, k: Array, v: Array, cache: dict[str, Array], attention_mask: Array,
                      cache_index: Array, scale: float, window: Array | int | None = None,
                      softcap: float | None = None) -> Array:
     """Eager attention of ``T`` new queries over ``[cached slots] ++ [their own keys]``: one softmax over
-    both, the cache (``{"k", "v"}: [B, S, kv_heads, D]``) only read. Masks: `split_attention_masks`."""
-    dt, t, cached_len = q.dtype, q.shape[1], cache["k"].shape[1]
+    both, the cache (``{"k", "v"}: [B, kv_heads, S, D]``, or its ``uint16`` bit patterns) only read.
+
+    Over the cache the queries of a (row, kv head) are one ``[groups * T, D]`` matrix, so both products are
+    batched matmuls on the cache's stored layout with float32 results (XLA:CPU runs exactly this form in
+    its fast kernels: 0.16 / 0.14 ms against 0.34 / 1.17 ms for the 5-d contractions at a 64-row step of
+    SmolLM2-135M). Masks: `split_attention_masks`."""
+    dt, (b, t, kv, g, d), cached_len = q.dtype, q.shape, cache["k"].shape[2]
+    cached_k, cached_v = (_as_compute(cache[name], dt) for name in ("k", "v"))
     cached_mask, new_mask = split_attention_masks(attention_mask, cache_index, cached_len, t, window)
     scores = soft_cap(jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) * scale, softcap)
     scores = jnp.where(new_mask, scores, NEG_INF)
-    cached_scores = jnp.where(cached_mask, soft_cap(_cached_scores(q, cache["k"], dt) * scale, softcap), NEG_INF)
+    rows = q.transpose(0, 2, 3, 1, 4).reshape(b, kv, g * t, d)  # [B, K, G*T, D]
+    cached_scores = jnp.einsum("bkmd,bksd->bkms", rows, cached_k, preferred_element_type=jnp.float32)
+    cached_scores = soft_cap(cached_scores.reshape(b, kv, g, t, cached_len) * scale, softcap)
+    cached_scores = jnp.where(cached_mask, cached_scores, NEG_INF)
     probs = jax.nn.softmax(jnp.concatenate([cached_scores, scores], axis=-1), axis=-1).astype(dt)
-    return (_cached_values(probs[..., :cached_len], cache["v"], dt)
-            + jnp.einsum("bkgts,bskd->btkgd", probs[..., cached_len:], v))
+    cached_probs = probs[..., :cached_len].reshape(b, kv, g * t, cached_len)
+    out = jnp.einsum("bkms,bksd->bkmd", cached_probs, cached_v, preferred_element_type=jnp.float32)
+    out = out.reshape(b, kv, g, t, d).transpose(0, 3, 1, 2, 4)  # [B, T, K, G, D]
+    return (out + jnp.einsum("bkgts,bskd->btkgd", probs[..., cached_len:], v).astype(jnp.float32)).astype(dt)
+
+
+def _as_compute(cached: Array, dt: Any) -> Array:
+    """A cache tensor in the compute dtype ``dt``: its bit patterns reinterpreted (``uint16``) or cast."""
+    return jax.lax.bitcast_convert_type(cached, dt) if cached.dtype == jnp.uint16 else cached.astype(dt)
 
 
 # -------------------------------------------------------------------------------------- blockwise

@@ -132,7 +132,7 @@ def compute_dtype_weights(params: Params, config: DecoderConfig) -> Params:
 
 def decode_weights(params: Params, config: DecoderConfig) -> Params:
     """`compute_dtype_weights`, with the stacked decoder layers' 16-bit weights stored as their bit patterns
-    (``uint16``; `jaxrl_hf.models.llama.weight_from_bits` reads them back, bit for bit).
+    (``uint16``; `jaxrl_hf.models.llama.from_bits` reads them back, bit for bit).
 
     XLA:CPU has no bf16 ``dynamic-slice``: in a layer loop it converts the stacked bf16 weights to float32 once and
     slices and converts each layer's weights back to bf16 at every step (for a decode loop: per layer and per

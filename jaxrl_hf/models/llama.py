@@ -30,14 +30,16 @@ Param tree of ``CausalLM`` (shapes without the ``layers`` axis where stacked)::
   model/norm/scale                      [embed]
   lm_head/kernel                        [embed, vocab]   (absent when tied)
 
-KV cache: a dict ``{"k", "v"}`` of ``[layers, batch, cache_len, kv_heads, head_dim]``. A call with
-``T`` new tokens at slot ``cache_index`` (same for all rows: prompts are left-padded) attends over the
-cached slots ``s < cache_index`` plus its own keys causally, keeping only slots that
-``attention_mask[b, s]`` marks valid. Inside the layer scan the cache is read-only: each layer emits
-just its ``T`` new keys/values (``CausalLM.hidden_states_and_new_kv`` returns them stacked as
-``[layers, batch, T, kv_heads, head_dim]``), and ``write_kv_cache`` stores them with one
+KV cache: a dict ``{"k", "v"}`` of ``[layers, batch, kv_heads, cache_len, head_dim]``: each row's and kv
+head's slots are contiguous, so decoding attends with batched matmuls over ``(row, kv head)`` that read a
+layer's cache as it is stored. A call with ``T`` new tokens at slot ``cache_index`` (same for all rows:
+prompts are left-padded) attends over the cached slots ``s < cache_index`` plus its own keys causally,
+keeping only slots that ``attention_mask[b, s]`` marks valid. Inside the layer scan the cache is read-only:
+each layer emits just its ``T`` new keys/values (``CausalLM.hidden_states_and_new_kv`` returns them stacked
+as ``[layers, batch, T, kv_heads, head_dim]``), and ``write_kv_cache`` stores them with one
 ``dynamic_update_slice`` per tensor, which XLA performs in place on a loop-carried (or donated) cache.
-Writing per layer inside the scan instead would copy every layer's whole cache on every step.
+Writing per layer inside the scan instead would copy every layer's whole cache on every step. A cache of
+``uint16`` holds the compute dtype's bit patterns (a 16-bit compute dtype; `init_kv_cache`).
 """
 
 from __future__ import annotations
@@ -121,10 +123,18 @@ def make_norm(config: DecoderConfig, name: str | None = None, axis_name: str = "
     return RMSNorm(config.rms_norm_eps, _dtype(config.param_dtype), axis_name, config.is_gemma, name=name)
 
 
-def weight_from_bits(w: Array, dtype: Any) -> Array:
-    """``w`` as the 16-bit float ``dtype`` when it arrives as its bit patterns (``uint16``, the decode loop's form
-    on XLA:CPU: `jaxrl_hf.models.forward.decode_weights`), else ``w`` unchanged."""
+def from_bits(w: Array, dtype: Any) -> Array:
+    """``w`` as the 16-bit float ``dtype`` when it arrives as its bit patterns (``uint16``: the decode loop's
+    weights and KV cache on XLA:CPU, `jaxrl_hf.models.forward.decode_weights`, `init_kv_cache`), else ``w``
+    unchanged."""
     return jax.lax.bitcast_convert_type(w, dtype) if w.dtype == jnp.uint16 else w
+
+
+def to_stored(x: Array, stored: Any) -> Array:
+    """``x`` in a cache's storage dtype: its bit patterns for ``uint16`` (``x`` 16-bit float), else a cast."""
+    if jnp.dtype(stored) == jnp.uint16 and x.dtype != jnp.uint16:
+        return jax.lax.bitcast_convert_type(x, jnp.uint16)
+    return x.astype(stored)
 
 
 class _Proj(nn.Module):
@@ -144,7 +154,7 @@ class _Proj(nn.Module):
         fan_in = int(np.prod(in_shape))
         init = nn.initializers.normal(stddev=fan_in ** -0.5)
         kernel = self.param("kernel", _init(init, self.kernel_axes), (*in_shape, *self.out_shape), self.param_dtype)
-        kernel = weight_from_bits(kernel, self.dtype)
+        kernel = from_bits(kernel, self.dtype)
         # One 2-D matmul [rows, fan_in] @ [fan_in, fan_out]: the same product as contracting the trailing dims
         # in place, but its backward needs no transposed copy of the [B, T, ...] cotangent, which XLA:CPU emits
         # for the N-D form (2.1x slower MLP forward + backward measured on the CI Xeon; GPUs are indifferent).
@@ -157,7 +167,7 @@ class _Proj(nn.Module):
         y = y.reshape(*lead, *self.out_shape)
         if self.bias_axes is not None:
             bias = self.param("bias", _init(nn.initializers.zeros, self.bias_axes), self.out_shape, self.param_dtype)
-            y = y + weight_from_bits(bias, self.dtype).astype(self.dtype)
+            y = y + from_bits(bias, self.dtype).astype(self.dtype)
         return y
 
 
@@ -204,8 +214,9 @@ class Attention(nn.Module):
 
         new_kv = None
         if layer_cache is not None:  # round the new keys/values to the cache dtype, as a cache read would
-            kk = kk.astype(layer_cache["k"].dtype)
-            v = v.astype(layer_cache["v"].dtype)
+            stored = layer_cache["k"].dtype
+            kk = kk.astype(dt if stored == jnp.uint16 else stored)
+            v = v.astype(kk.dtype)
             new_kv = {"k": kk, "v": v}
             kk, v = kk.astype(dt), v.astype(dt)
 
@@ -222,7 +233,7 @@ class Attention(nn.Module):
 
         b, t = x.shape[0], x.shape[1]
         qg = q.reshape(b, t, k, h // k, d)
-        if layer_cache is not None and layer_cache["k"].shape[1]:  # decode / chunked prefill: eager over the cache
+        if layer_cache is not None and layer_cache["k"].shape[2]:  # decode / chunked prefill: eager over the cache
             out = cached_attention(qg, kk, v, layer_cache, attention_mask, cache_index, c.attention_scale, window,
                                    c.attn_logit_softcapping)
         else:  # training, log-probs, prefill: the configured implementation, segment ids = this call's mask
@@ -345,12 +356,12 @@ class Decoder(nn.Module):
         A Python-int ``cache_index == 0`` (prefill) attends to no cached slot, so the cache is not read.
         """
         if cache is not None:
-            cache_len = cache["k"].shape[2]
+            cache_len = cache["k"].shape[3]
             if attention_mask.shape[1] != cache_len:
                 raise ValueError(f"attention_mask has {attention_mask.shape[1]} slots but the KV cache has "
                                  f"{cache_len}; with a cache the mask must cover every cache slot")
             if isinstance(cache_index, int) and cache_index == 0:
-                cache = jax.tree.map(lambda a: a[:, :, :0], cache)
+                cache = jax.tree.map(lambda a: a[:, :, :, :0], cache)
         x = self.embed_tokens(input_ids)
         if self.config.is_gemma:  # Gemma: embedding * sqrt(hidden), the factor rounded to the compute dtype
             x = x * jnp.asarray(self.config.hidden_size ** 0.5, x.dtype)
@@ -418,16 +429,22 @@ def write_kv_cache(cache: KVCache, new_kv: KVCache, cache_index: Array | int) ->
     One ``dynamic_update_slice`` per tensor: in place when ``cache`` is a loop carry or donated.
     """
     zero = jnp.zeros((), jnp.int32)
-    idx = (zero, zero, jnp.asarray(cache_index, jnp.int32), zero, zero)
-    return {name: jax.lax.dynamic_update_slice(cache[name], new_kv[name].astype(cache[name].dtype), idx)
+    idx = (zero, zero, zero, jnp.asarray(cache_index, jnp.int32), zero)
+    return {name: jax.lax.dynamic_update_slice(cache[name], to_stored(new_kv[name].swapaxes(2, 3),
+                                                                      cache[name].dtype), idx)
             for name in ("k", "v")}
 
 
 def init_kv_cache(config: DecoderConfig, batch: int, cache_len: int, dtype: Any = None) -> KVCache:
-    """Zeroed KV cache ``{"k","v"}: [layers, batch, cache_len, kv_heads, head_dim]``."""
-    shape = (config.num_hidden_layers, batch, cache_len, config.num_key_value_heads, config.head_dim)
+    """Zeroed KV cache ``{"k","v"}: [layers, batch, kv_heads, cache_len, head_dim]`` of ``dtype`` (default: the
+    compute dtype). ``uint16``: the 16-bit compute dtype's bit patterns (XLA:CPU slices and updates a 16-bit
+    float array in place only as integers: `jaxrl_hf.rollout.jax_engine.cache_storage_dtype`)."""
     dt = jnp.dtype(dtype or config.dtype)
+    if dt == jnp.uint16 and jnp.dtype(config.dtype).itemsize != 2:
+        raise ValueError(f"a uint16 (bit-pattern) KV cache needs a 16-bit compute dtype; model.dtype is "
+                         f"{config.dtype}")
+    shape = (config.num_hidden_layers, batch, config.num_key_value_heads, cache_len, config.head_dim)
     return {"k": jnp.zeros(shape, dt), "v": jnp.zeros(shape, dt)}
 
 
-KV_CACHE_LOGICAL_AXES = ("layers", "batch", "length", "kv_heads", "head_dim")
+KV_CACHE_LOGICAL_AXES = ("layers", "batch", "kv_heads", "length", "head_dim")

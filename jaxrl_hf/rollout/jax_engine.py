@@ -39,13 +39,21 @@ DEFAULT_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 
 def default_cache_dtype(config: DecoderConfig, mesh: jax.sharding.Mesh | None = None) -> str:
-    """The KV cache's dtype when none is given: float32 on CPU devices, else the compute dtype.
+    """The KV cache's dtype when none is given: the compute dtype (stored as `cache_storage_dtype` says)."""
+    return config.dtype
 
-    XLA:CPU writes one slot of a bf16 cache in the decode loop by converting the whole cache to float32 and
-    back (no in-place bf16 ``dynamic-update-slice``) and converts it again to attend; a float32 cache is written
-    in place and read once. The keys and values are compute-dtype numbers either way, which float32 holds
-    exactly, so the samples and log-probs are identical (``launch/bench/bench_kv_cache_dtype.py``)."""
-    return "float32" if _on_cpu(mesh) else config.dtype
+
+def cache_storage_dtype(cache_dtype: str, config: DecoderConfig, as_bits: bool) -> str:
+    """How a KV cache of ``cache_dtype`` is held: with ``as_bits`` (the engine's default on CPU devices) a 16-bit
+    cache in the compute dtype as its ``uint16`` bit patterns, else ``cache_dtype`` itself.
+
+    XLA:CPU has no in-place 16-bit float ``dynamic-update-slice`` or ``dynamic-slice``: a bf16 cache would be
+    converted to float32 and back as a whole to write one slot and sliced through float32 per layer. As
+    integers it is written in place and each layer's slots are read as stored; the numbers are the same
+    (``launch/bench/bench_kv_cache_dtype.py``)."""
+    if as_bits and cache_dtype == config.dtype and jnp.dtype(cache_dtype).itemsize == 2:
+        return "uint16"
+    return cache_dtype
 
 
 def _on_cpu(mesh: jax.sharding.Mesh | None) -> bool:
@@ -159,7 +167,7 @@ class JaxGenerationEngine:
                  eos_token_ids: Sequence[int] = (), mesh: jax.sharding.Mesh | None = None, rules: Any = None,
                  length_buckets: Sequence[int] = DEFAULT_LENGTH_BUCKETS,
                  batch_buckets: Sequence[int] = DEFAULT_BATCH_BUCKETS, cache_dtype: str | None = None,
-                 cast_weights: bool | None = None) -> None:
+                 cast_weights: bool | None = None, cache_as_bits: bool | None = None) -> None:
         if (mesh is None) != (rules is None):
             raise ValueError("JaxGenerationEngine: pass both mesh and rules, or neither")
         # Decoding keeps the layer loop whatever model.scan_layers says for training: an unrolled f32 decode
@@ -172,6 +180,8 @@ class JaxGenerationEngine:
         self.length_buckets = tuple(sorted(length_buckets))
         self.batch_buckets = tuple(sorted(batch_buckets))
         self.cache_dtype = cache_dtype or default_cache_dtype(config, mesh)
+        as_bits = _on_cpu(mesh) if cache_as_bits is None else bool(cache_as_bits)
+        self._cache_storage = cache_storage_dtype(self.cache_dtype, config, as_bits)
         # XLA:CPU slices and converts each layer's float32 master weights to the compute dtype in every decode
         # step; `decode_weights` casts them once per set_params, in a form the loop slices natively. A second
         # copy of the weights: on by default where that is host memory.
@@ -257,7 +267,7 @@ class JaxGenerationEngine:
             row_keys, jnp.float32(temperature), jnp.float32(sampling.top_p), module=self._module,
             config=self.config, max_new=int(sampling.max_new_tokens), top_k=int(sampling.top_k),
             use_top_p=sampling.top_p < 1.0, greedy=sampling.is_greedy, logprobs_mode=sampling.logprobs_mode,
-            stop_ids=stop_ids, pad_id=self.pad_token_id, cache_dtype=self.cache_dtype, share=share)
+            stop_ids=stop_ids, pad_id=self.pad_token_id, cache_dtype=self._cache_storage, share=share)
         tokens, out_mask, logp, stopped = jax.device_get((tokens, out_mask, logp, stopped))
         return GenerationOutput(
             prompt_ids=ids, prompt_mask=mask, response_ids=np.asarray(tokens[:rows]),
@@ -316,7 +326,7 @@ class JaxGenerationEngine:
             np.float32(self._temperature(sampling)), np.float32(sampling.top_p), module=self._module,
             config=self.config, max_new=int(sampling.max_new_tokens), top_k=int(sampling.top_k),
             use_top_p=sampling.top_p < 1.0, greedy=sampling.is_greedy, logprobs_mode=sampling.logprobs_mode,
-            stop_ids=self._stop_ids(sampling), pad_id=self.pad_token_id, cache_dtype=self.cache_dtype)
+            stop_ids=self._stop_ids(sampling), pad_id=self.pad_token_id, cache_dtype=self._cache_storage)
         tokens, out_mask, logp, stopped = (mp.local_rows(x)[:rows] for x in out)
         return GenerationOutput(
             prompt_ids=ids, prompt_mask=mask, response_ids=tokens.astype(np.int32),

@@ -1,17 +1,19 @@
-"""Native generation with bf16 compute: a bf16 KV cache vs a float32 one, in the same process.
+"""Native generation with bf16 compute: the KV cache as bf16 bit patterns (the CPU default), as a plain bf16
+array, and as float32, in the same process.
 
     python launch/bench/bench_kv_cache_dtype.py [--batches 32,64] [--max-new 96] [--repeats 3] [--json OUT]
 
 SmolLM2-135M-Instruct with ``model.dtype=bfloat16`` (float32 master weights, as the trainer's rollout holds them),
-greedy decoding of exactly ``--max-new`` tokens from B chat prompts, no stop ids. For each batch both engines are
-compiled first, then their timed ``generate`` calls alternate (``--repeats`` each) so load drifts hit both alike;
-the table gives the best and the median. The tokens and log-probs of the two must be identical: the keys and values
-are bf16 numbers either way, which float32 stores exactly (checked, the run fails otherwise).
+greedy decoding of exactly ``--max-new`` tokens from B chat prompts, no stop ids. For each batch the engines are
+compiled first, then their timed ``generate`` calls alternate (``--repeats`` each) so load drifts hit all alike;
+the table gives the best and the median. The tokens and log-probs of all three must be identical: the keys and
+values are bf16 numbers in each (checked, the run fails otherwise).
 
-Why: XLA:CPU has no in-place bf16 ``dynamic-update-slice`` in the decode loop; it converts the whole bf16 cache to
-float32 and back to write one slot, and converts it again to attend. A float32 cache is written in place and read
-once. The engine's default (``JaxGenerationEngine(cache_dtype=None)``) is float32 on CPU devices, the compute dtype
-elsewhere.
+Why: XLA:CPU has no in-place bf16 ``dynamic-update-slice`` or ``dynamic-slice`` in the decode loop; it converts
+a plain bf16 cache to float32 and back as a whole to write one slot, and slices each layer's through float32. A
+float32 cache is written in place but moves twice the bytes; the cache as ``uint16`` bit patterns
+(``JaxGenerationEngine(cache_as_bits=None)``: on by default on CPU devices) is written and sliced as integers and
+read as bf16 by a bitcast.
 """
 
 from __future__ import annotations
@@ -34,22 +36,25 @@ from jaxrl_hf.rollout import JaxGenerationEngine, SamplingParams  # noqa: E402
 
 QUESTIONS = ["What is 7+5?", "Name three colors.", "Write a haiku about rain.", "Count from 1 to 10.",
              "Explain what a prime number is.", "What is the capital of France?"]
-CACHE_DTYPES = ("bfloat16", "float32")
+VARIANTS = {"bf16-bits": {"cache_as_bits": True}, "bf16": {"cache_as_bits": False},
+            "float32": {"cache_dtype": "float32"}}
 
 
 def bench_batch(lm, batch: int, max_new: int, repeats: int) -> dict:
-    """Both cache dtypes at one batch size: compile, check equal outputs, then alternate timed calls."""
+    """Every cache variant at one batch size: compile, check equal outputs, then alternate timed calls."""
     tok = lm.tokenizer
     prompts = [list(tok.apply_chat_template([{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}],
                                             add_generation_prompt=True, tokenize=True)) for i in range(batch)]
     sp = SamplingParams(greedy=True, max_new_tokens=max_new)
-    engines = {dt: JaxGenerationEngine(lm.config, lm.params, pad_token_id=tok.pad_token_id, eos_token_ids=(),
-                                       cache_dtype=dt) for dt in CACHE_DTYPES}
-    first = {dt: e.generate(prompts, sp) for dt, e in engines.items()}
-    a, b = (first[dt] for dt in CACHE_DTYPES)
-    if not (np.array_equal(a.response_ids, b.response_ids) and np.array_equal(a.log_probs, b.log_probs)):
-        raise RuntimeError(f"batch {batch}: the bf16 and float32 caches generated different tokens or log-probs")
-    seconds: dict[str, list[float]] = {dt: [] for dt in CACHE_DTYPES}
+    engines = {name: JaxGenerationEngine(lm.config, lm.params, pad_token_id=tok.pad_token_id, eos_token_ids=(),
+                                         **options) for name, options in VARIANTS.items()}
+    first = {name: e.generate(prompts, sp) for name, e in engines.items()}
+    a = first["bf16-bits"]
+    for name, b in first.items():
+        if not (np.array_equal(a.response_ids, b.response_ids) and np.array_equal(a.log_probs, b.log_probs)):
+            raise RuntimeError(f"batch {batch}: the {name} and bf16-bits caches generated different tokens or "
+                               "log-probs")
+    seconds: dict[str, list[float]] = {name: [] for name in VARIANTS}
     for _ in range(repeats):
         for dt, engine in engines.items():
             t = time.perf_counter()
@@ -57,11 +62,10 @@ def bench_batch(lm, batch: int, max_new: int, repeats: int) -> dict:
             seconds[dt].append(time.perf_counter() - t)
     tokens = batch * max_new
     row = {"batch": batch, "max_new": max_new, "prompt_len": int(a.prompt_ids.shape[1]), "seconds": seconds}
-    for dt in CACHE_DTYPES:
-        row[f"{dt}_tok_per_s_best"] = tokens / min(seconds[dt])
-        row[f"{dt}_tok_per_s_median"] = tokens / statistics.median(seconds[dt])
-    row["f32_over_bf16_best"] = min(seconds["bfloat16"]) / min(seconds["float32"])
-    row["f32_over_bf16_median"] = statistics.median(seconds["bfloat16"]) / statistics.median(seconds["float32"])
+    for name in VARIANTS:
+        row[f"{name}_tok_per_s_best"] = tokens / min(seconds[name])
+        row[f"{name}_tok_per_s_median"] = tokens / statistics.median(seconds[name])
+        row[f"bits_over_{name}_median"] = statistics.median(seconds[name]) / statistics.median(seconds["bf16-bits"])
     return row
 
 
@@ -79,13 +83,13 @@ def main() -> None:
     load_end = os.getloadavg()
     print(f"machine: {platform.machine()} {os.cpu_count()} CPUs, jax {jax.__version__} on "
           f"{jax.devices()[0].platform}; load average at start {load_start[0]:.1f}, at end {load_end[0]:.1f}; "
-          f"{args.model}, bf16 compute, greedy, outputs identical for both caches")
-    print("| batch | prompt | new | bf16 cache tok/s (best / median) | f32 cache tok/s (best / median) | "
-          "speed-up best | speed-up median |\n|---:|---:|---:|---:|---:|---:|---:|")
+          f"{args.model}, bf16 compute, greedy, outputs identical for every cache")
+    print("| batch | prompt | new | " + " | ".join(f"{n} tok/s (best / median)" for n in VARIANTS)
+          + " | bits vs bf16 (median) | bits vs float32 (median) |\n|---:|---:|---:|" + "---:|" * (len(VARIANTS) + 2))
     for r in rows:
-        print(f"| {r['batch']} | {r['prompt_len']} | {r['max_new']} | {r['bfloat16_tok_per_s_best']:.1f} / "
-              f"{r['bfloat16_tok_per_s_median']:.1f} | {r['float32_tok_per_s_best']:.1f} / "
-              f"{r['float32_tok_per_s_median']:.1f} | {r['f32_over_bf16_best']:.2f} | {r['f32_over_bf16_median']:.2f} |")
+        cells = [f"{r[f'{n}_tok_per_s_best']:.1f} / {r[f'{n}_tok_per_s_median']:.1f}" for n in VARIANTS]
+        print(f"| {r['batch']} | {r['prompt_len']} | {r['max_new']} | " + " | ".join(cells)
+              + f" | {r['bits_over_bf16_median']:.2f} | {r['bits_over_float32_median']:.2f} |")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"argv": sys.argv[1:], "load_start": load_start, "load_end": load_end, "rows": rows}, fh,
