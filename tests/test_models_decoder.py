@@ -196,6 +196,42 @@ def test_kv_cache_decode_equals_full_forward():
         np.testing.assert_allclose(np.asarray(step_logits)[:, 0], ref[:, 6 + t], atol=1e-5)
 
 
+def test_kv_cache_chunk_over_cached_slots_equals_full_forward_and_bit_pattern_cache_is_exact():
+    """A 3-token chunk over 6 cached slots (the T > 1 path of `cached_attention`: one [groups*T, D] matrix per row
+    and kv head) equals the full forward; in bf16 the uint16 bit-pattern cache gives the logits of a bf16 cache
+    bit for bit, and the cache holds the same keys/values."""
+    config = tiny_config()
+    params = random_params(config, seed=4)
+    rng = np.random.default_rng(3)
+    ids, mask = _left_padded_batch(rng, config.vocab_size, [6, 4], 6)
+    extra = rng.integers(3, config.vocab_size, (2, 3)).astype(np.int32)
+    full_ids, full_mask = np.concatenate([ids, extra], 1), np.concatenate([mask, np.ones((2, 3), np.int32)], 1)
+    ref = np.asarray(jit_forward(params, config, jnp.asarray(full_ids), jnp.asarray(full_mask)))
+    pos = default_positions(jnp.asarray(full_mask))
+
+    def run(cfg, cache_dtype):
+        module = make_module(cfg)
+        apply = jax.jit(lambda p, *args: module.apply({"params": p}, *args))
+        cache = init_kv_cache(cfg, 2, 9, cache_dtype)
+        assert cache["k"].shape == (cfg.num_hidden_layers, 2, cfg.num_key_value_heads, 9, cfg.head_dim)
+        _, cache = apply(params, jnp.asarray(ids), pos[:, :6], jnp.asarray(full_mask), cache, 0)
+        logits, cache = apply(params, jnp.asarray(extra), pos[:, 6:], jnp.asarray(full_mask), cache, 6)
+        return np.asarray(logits), cache
+
+    logits, _ = run(config, None)
+    np.testing.assert_allclose(logits, ref[:, 6:], atol=1e-5)
+    bf16 = config.replace(dtype="bfloat16")
+    plain, plain_cache = run(bf16, "bfloat16")
+    bits, bits_cache = run(bf16, "uint16")
+    assert bits_cache["k"].dtype == jnp.uint16
+    np.testing.assert_array_equal(bits, plain)
+    for name in ("k", "v"):
+        np.testing.assert_array_equal(jax.lax.bitcast_convert_type(bits_cache[name], jnp.bfloat16),
+                                      plain_cache[name])
+    with pytest.raises(ValueError, match="16-bit compute dtype"):
+        init_kv_cache(config, 2, 9, "uint16")
+
+
 @pytest.mark.parametrize("overrides", [dict(qkv_bias=True), dict(model_type="qwen3", qk_norm=True),
                                        dict(model_type="gemma2", hidden_act="gelu_pytorch_tanh"),
                                        dict(model_type="gemma3_text", hidden_act="gelu_pytorch_tanh", qk_norm=True)])

@@ -286,3 +286,20 @@ def test_bf16_decode_weights_cast_once_give_identical_samples(qkv_bias):
     a, _ = token_log_probs_and_entropy(eng_cast.params, config, ids, targets, mask)
     b, _ = token_log_probs_and_entropy(params, config, ids, targets, mask)
     assert np.array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_first_argmax_is_argmax_with_ties_infinities_and_nans():
+    """`sampling.first_argmax` (two plain reductions) returns `jnp.argmax`'s index: the first maximum, the first
+    NaN where a row has one."""
+    from jaxrl_hf.rollout.sampling import first_argmax
+
+    rng = np.random.default_rng(0)
+    x = rng.integers(-3, 4, (64, 97)).astype(np.float32)  # many ties
+    x[1] = -np.inf
+    x[2, 5] = np.inf
+    x[3, [7, 40]] = np.nan
+    x[4, :] = np.nan
+    for dtype in (jnp.float32, jnp.bfloat16):
+        got = np.asarray(jax.jit(first_argmax)(jnp.asarray(x, dtype)))
+        assert got.dtype == np.int32
+        np.testing.assert_array_equal(got, np.asarray(jnp.argmax(jnp.asarray(x, dtype), axis=-1)))
