@@ -38,7 +38,7 @@ from jaxrl_hf.rollout.sampling import sample_tokens
 DEFAULT_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 
-def default_cache_dtype(config: DecoderConfig, mesh: jax.sharding.Mesh | None = None) -> str:
+def default_cache_dtype(config: DecoderConfig) -> str:
     """The KV cache's dtype when none is given: the compute dtype (stored as `cache_storage_dtype` says)."""
     return config.dtype
 
@@ -179,7 +179,7 @@ class JaxGenerationEngine:
         self.mesh, self.rules = mesh, (tuple(tuple(r) for r in rules) if rules is not None else None)
         self.length_buckets = tuple(sorted(length_buckets))
         self.batch_buckets = tuple(sorted(batch_buckets))
-        self.cache_dtype = cache_dtype or default_cache_dtype(config, mesh)
+        self.cache_dtype = cache_dtype or default_cache_dtype(config)
         as_bits = _on_cpu(mesh) if cache_as_bits is None else bool(cache_as_bits)
         self._cache_storage = cache_storage_dtype(self.cache_dtype, config, as_bits)
         # XLA:CPU slices and converts each layer's float32 master weights to the compute dtype in every decode
