@@ -231,9 +231,9 @@ def generation_setup(layout: ActorLayout) -> GenerationSetup:
 
 
 def kv_cache(model: DecoderConfig, setup: GenerationSetup, batch: int, cache_len: int) -> Any:
-    """Abstract KV cache ``{"k","v"}: [layers, batch, cache_len, kv_heads, head_dim]`` in the compute dtype, laid
-    out as the engine constrains it (the engine's cache on accelerators; on CPU devices it keeps float32,
-    ``rollout.jax_engine.default_cache_dtype``)."""
+    """Abstract KV cache ``{"k","v"}: [layers, batch, kv_heads, cache_len, head_dim]`` in the compute dtype, laid
+    out as the engine constrains it (the engine's cache on accelerators; on CPU devices a 16-bit cache is held as
+    its uint16 bit patterns, the same bytes: ``rollout.jax_engine.cache_storage_dtype``)."""
     shapes = jax.eval_shape(lambda: init_kv_cache(model, batch, cache_len, model.dtype))
     sharding = NamedSharding(setup.mesh, logical_to_spec(KV_CACHE_LOGICAL_AXES, setup.rules))
     return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding), shapes)
