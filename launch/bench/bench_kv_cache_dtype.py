@@ -56,15 +56,16 @@ def bench_batch(lm, batch: int, max_new: int, repeats: int) -> dict:
                                "log-probs")
     seconds: dict[str, list[float]] = {name: [] for name in VARIANTS}
     for _ in range(repeats):
-        for dt, engine in engines.items():
+        for name, engine in engines.items():
             t = time.perf_counter()
             engine.generate(prompts, sp)
-            seconds[dt].append(time.perf_counter() - t)
+            seconds[name].append(time.perf_counter() - t)
     tokens = batch * max_new
     row = {"batch": batch, "max_new": max_new, "prompt_len": int(a.prompt_ids.shape[1]), "seconds": seconds}
     for name in VARIANTS:
         row[f"{name}_tok_per_s_best"] = tokens / min(seconds[name])
         row[f"{name}_tok_per_s_median"] = tokens / statistics.median(seconds[name])
+    for name in ("bf16", "float32"):
         row[f"bits_over_{name}_median"] = statistics.median(seconds[name]) / statistics.median(seconds["bf16-bits"])
     return row
 
