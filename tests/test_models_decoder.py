@@ -175,6 +175,20 @@ def test_remat_and_bf16_options():
     assert np.abs(bf16 - f32).max() < 0.1 * np.abs(f32).max()
 
 
+@pytest.mark.parametrize("tied", [True, False])
+def test_bf16_lm_head_gives_float32_logits_of_the_bf16_operands(tied):
+    """The LM head in a 16-bit compute dtype accumulates in float32 and returns float32 logits (not rounded to
+    bf16: those differed from the float64 product by up to 2^-9 relative), tied (``embedding.T``) or not."""
+    config = tiny_config(tie_word_embeddings=tied, dtype="bfloat16")
+    params = random_params(config, seed=5)
+    hidden = jnp.asarray(np.random.default_rng(4).normal(0, 3, (2, 5, config.hidden_size)), jnp.bfloat16)
+    logits = make_module(config).apply({"params": params}, hidden, method=CausalLM.logits_from_hidden)
+    kernel = params["model"]["embed_tokens"]["embedding"].T if tied else params["lm_head"]["kernel"]
+    ref = np.asarray(hidden, np.float64) @ np.asarray(jnp.asarray(kernel, jnp.bfloat16), np.float64)
+    assert logits.dtype == jnp.float32
+    np.testing.assert_allclose(np.asarray(logits, np.float64), ref, rtol=1e-5, atol=1e-5)
+
+
 def test_kv_cache_decode_equals_full_forward():
     config = tiny_config()
     params = random_params(config, seed=4)

@@ -11,7 +11,7 @@ import pytest
 from jaxrl_hf.config.schema import TinyModelConfig
 from jaxrl_hf.models import init_params
 from jaxrl_hf.models.forward import next_token_targets, token_log_probs_and_entropy
-from jaxrl_hf.models.matmul import matmul_f32_accumulate
+from jaxrl_hf.models.matmul import CPU_DOT_ROW_PADDING, SLOW_CPU_MIN_K, matmul_f32_accumulate, padded_cpu_rows
 from jaxrl_hf.workers.common import tiny_decoder_config
 
 
@@ -62,3 +62,29 @@ def test_f32_accumulating_matmul_and_its_gradients_against_float64():
         np.testing.assert_allclose(np.asarray(dx, np.float64), dyq @ wb.T, rtol=1e-2, atol=2e-2)
         # ∂W sums 37 products in f32 and is not rounded to bf16: far tighter than bf16's 2^-8
         np.testing.assert_allclose(np.asarray(dw, np.float64), xq.T @ dyq, rtol=1e-5, atol=1e-5)
+
+
+def test_slow_cpu_row_counts_are_padded_and_give_the_same_rows():
+    """A bf16 dot with K > 1024 whose row count falls in one of XLA:CPU's slow bands runs with zero rows appended
+    on a CPU backend (`models/matmul.CPU_DOT_ROW_PADDING`): the rows equal the plain dot's bit for bit, the
+    forward ``x·W`` and the backward ``∂y·Wᵀ``; other row counts are not padded."""
+    rng = np.random.RandomState(3)
+    k = SLOW_CPU_MIN_K
+    plain = jax.jit(lambda a, b, dims: jax.lax.dot_general(a, b.astype(a.dtype), dims,
+                                                           preferred_element_type=jnp.float32), static_argnums=2)
+    assert [padded_cpu_rows(m) for m in (39, 40, 45, 46, 48, 49, 55, 56, 60, 61, 64, 65)] == \
+        [39, 46, 46, 46, 48, 56, 56, 56, 60, 65, 65, 65]
+    for rows in (48, *(lo for lo, _, _ in CPU_DOT_ROW_PADDING), 64, 65):
+        in_band = padded_cpu_rows(rows) != rows
+        # forward: x [rows, K] · W [K, 40] (the decode MLP's down projection)
+        x, w = jnp.asarray(rng.randn(rows, k), jnp.bfloat16), jnp.asarray(rng.randn(k, 40) * 0.05, jnp.float32)
+        f = jax.jit(lambda a, b: matmul_f32_accumulate(a, b, True))
+        assert ("pad(" in f.lower(x, w).compile().as_text()) == in_band, rows
+        np.testing.assert_array_equal(np.asarray(f(x, w)), np.asarray(plain(x, w, (((1,), (0,)), ((), ())))))
+        # backward: ∂x = ∂y [rows, K] · Wᵀ for x [rows, 40] · W [40, K]
+        x2, w2 = jnp.asarray(rng.randn(rows, 40), jnp.bfloat16), jnp.asarray(rng.randn(40, k) * 0.05, jnp.float32)
+        dy = jnp.asarray(rng.randn(rows, k), jnp.bfloat16)
+        grad_x = jax.jit(lambda a, b, d: jax.vjp(lambda u: matmul_f32_accumulate(u, b), a)[1](d)[0])
+        assert ("pad(" in grad_x.lower(x2, w2, dy).compile().as_text()) == in_band, rows
+        ref = plain(dy, w2, (((1,), (1,)), ((), ()))).astype(jnp.bfloat16)
+        np.testing.assert_array_equal(np.asarray(grad_x(x2, w2, dy)), np.asarray(ref))

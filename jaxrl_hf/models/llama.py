@@ -147,6 +147,7 @@ class _Proj(nn.Module):
     dtype: Any
     param_dtype: Any
     contract_dims: int = 1  # how many trailing dims of x are contracted
+    f32_out: bool = False  # float32 results from a 16-bit compute dtype (the LM head's logits)
 
     @nn.compact
     def __call__(self, x: Array) -> Array:
@@ -163,7 +164,7 @@ class _Proj(nn.Module):
         if self.dtype == jnp.float32:
             y = jnp.dot(x2.astype(jnp.float32), w2.astype(jnp.float32))
         else:
-            y = matmul_f32_accumulate(x2.astype(self.dtype), w2)
+            y = matmul_f32_accumulate(x2.astype(self.dtype), w2, self.f32_out)
         y = y.reshape(*lead, *self.out_shape)
         if self.bias_axes is not None:
             bias = self.param("bias", _init(nn.initializers.zeros, self.bias_axes), self.out_shape, self.param_dtype)
@@ -372,8 +373,14 @@ class Decoder(nn.Module):
         return self.norm(x), new_kv
 
     def attend(self, hidden: Array) -> Array:
-        """Tied LM head: ``hidden @ embedding.T``."""
-        return self.embed_tokens.attend(hidden)
+        """Tied LM head: ``hidden @ embedding.T`` as float32 logits, 16-bit operands accumulated in float32.
+
+        (flax's ``Embed.attend`` returns the compute dtype: a bf16-out dot, which XLA:CPU runs as a float32 dot
+        on upcast copies, at half the bf16 rate; its logits were rounded to bf16 besides.)"""
+        dt = _dtype(self.config.dtype)
+        embedding = self.embed_tokens.embedding.astype(dt)
+        contract = (((hidden.ndim - 1,), (1,)), ((), ()))
+        return jax.lax.dot_general(hidden.astype(dt), embedding, contract, preferred_element_type=jnp.float32)
 
 
 class CausalLM(nn.Module):
@@ -388,7 +395,7 @@ class CausalLM(nn.Module):
         self.model = Decoder(c, self.mesh, self.rules)
         if not c.tie_word_embeddings:
             self.lm_head = _Proj(c.hidden_size, (c.vocab_size,), ("embed", "vocab"), None,
-                                 _dtype(c.dtype), _dtype(c.param_dtype))
+                                 _dtype(c.dtype), _dtype(c.param_dtype), f32_out=True)
 
     def hidden_states_and_new_kv(self, input_ids: Array, positions: Array, attention_mask: Array,
                                  cache: KVCache | None = None,

@@ -17,6 +17,13 @@ import functools
 import jax
 import jax.numpy as jnp
 
+# XLA:CPU's bf16 dot (YNNPACK) runs ~2x slower at some row counts below 65 once K > 1024 (measured on a 2-core
+# AMD EPYC with AVX512-BF16, jax 0.10.2, `launch/bench/bench_matmul_rows.py`): at 64 rows, a 64-row decode step,
+# SmolLM2-135M's down projection takes 0.33-0.40 ms against 0.17-0.19 ms at 65. On a CPU backend a row count
+# in ``[lo, hi]`` is computed as ``to`` rows (zero rows appended, dropped after): (lo, hi, to).
+CPU_DOT_ROW_PADDING = ((40, 45, 46), (49, 55, 56), (61, 64, 65))
+SLOW_CPU_MIN_K = 1025
+
 _NN = (((1,), (0,)), ((), ()))  # [M,K] · [K,N]
 _NT = (((1,), (1,)), ((), ()))  # [M,N] · [K,N]ᵀ
 _TN = (((0,), (0,)), ((), ()))  # [M,K]ᵀ · [M,N]
@@ -26,8 +33,25 @@ _TN = (((0,), (0,)), ((), ()))  # [M,K]ᵀ · [M,N]
 def matmul_f32_accumulate(x: jnp.ndarray, w: jnp.ndarray, f32_out: bool = False) -> jnp.ndarray:
     """``x [M,K] · w [K,N]`` with ``w`` cast to ``x``'s dtype, every product accumulated in float32; the result
     in ``x``'s dtype, or float32 with ``f32_out`` (logits for a softmax)."""
-    y = jax.lax.dot_general(x, w.astype(x.dtype), _NN, preferred_element_type=jnp.float32)
+    y = _dot_f32(x, w.astype(x.dtype), _NN)
     return y if f32_out else y.astype(x.dtype)
+
+
+def _dot_f32(x: jnp.ndarray, w: jnp.ndarray, dims: tuple) -> jnp.ndarray:
+    """``dot_general(x [M, K], w, dims)`` accumulated in float32; a 16-bit ``x`` with ``K >= SLOW_CPU_MIN_K`` on
+    a CPU backend is computed with the rows `CPU_DOT_ROW_PADDING` gives ``M`` (the same rows, bit for bit:
+    `tests/test_models_layer_loop.py`)."""
+    m, k = x.shape
+    rows = padded_cpu_rows(m) if k >= SLOW_CPU_MIN_K and x.dtype.itemsize == 2 else m
+    if rows == m or jax.default_backend() != "cpu":
+        return jax.lax.dot_general(x, w, dims, preferred_element_type=jnp.float32)
+    padded = jnp.pad(x, ((0, rows - m), (0, 0)))
+    return jax.lax.dot_general(padded, w, dims, preferred_element_type=jnp.float32)[:m]
+
+
+def padded_cpu_rows(m: int) -> int:
+    """The row count a CPU bf16 dot of ``m`` rows runs with (`CPU_DOT_ROW_PADDING`; ``m`` outside its bands)."""
+    return next((to for lo, hi, to in CPU_DOT_ROW_PADDING if lo <= m <= hi), m)
 
 
 def _forward(x: jnp.ndarray, w: jnp.ndarray, f32_out: bool) -> tuple[jnp.ndarray, tuple[jnp.ndarray, jnp.ndarray]]:
@@ -41,7 +65,7 @@ def _backward(f32_out: bool, saved: tuple[jnp.ndarray, jnp.ndarray],
     # by 10% (tests/test_workers_mixed_precision.py); elsewhere the cotangent is in the compute dtype already.
     ct = jnp.float32 if f32_out else x.dtype
     dy = dy.astype(ct)
-    dx = jax.lax.dot_general(dy, w.astype(ct), _NT, preferred_element_type=jnp.float32).astype(x.dtype)
+    dx = _dot_f32(dy, w.astype(ct), _NT).astype(x.dtype)
     dw = jax.lax.dot_general(x.astype(ct), dy, _TN, preferred_element_type=jnp.float32).astype(w.dtype)
     return dx, dw
 
