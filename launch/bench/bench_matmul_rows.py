@@ -17,28 +17,18 @@ import argparse
 import json
 import os
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_sampling import best_time  # noqa: E402
 from jaxrl_hf.models.matmul import CPU_DOT_ROW_PADDING, SLOW_CPU_MIN_K, matmul_f32_accumulate  # noqa: E402
 
 SHAPES = {"smollm2-135m down_proj": (1536, 576), "smollm2-135m gate_proj": (576, 1536),
           "qwen2.5-0.5b down_proj": (4864, 896)}
-
-
-def best_seconds(fn, args: tuple, repeats: int) -> float:
-    """The fastest of ``repeats`` calls of a compiled ``fn`` (after one warm-up call)."""
-    jax.block_until_ready(fn(*args))
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        best = min(best, time.perf_counter() - start)
-    return best
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,8 +55,8 @@ def main(argv: list[str] | None = None) -> int:
                 raise SystemExit(f"bench_matmul_rows: {name} at {m} rows: outputs differ")
             t_plain = t_ours = float("inf")
             for _ in range(2):  # alternate, keep each side's best
-                t_plain = min(t_plain, best_seconds(plain, (x, w), args.repeats))
-                t_ours = min(t_ours, best_seconds(ours, (x, w), args.repeats))
+                t_plain = min(t_plain, best_time(plain, x, w, repeats=args.repeats))
+                t_ours = min(t_ours, best_time(ours, x, w, repeats=args.repeats))
             row = {"projection": name, "k": k, "n": n, "rows": m, "plain_us": t_plain * 1e6,
                    "ours_us": t_ours * 1e6, "plain_over_ours": t_plain / t_ours,
                    "plain_gflops": 2 * m * k * n / t_plain / 1e9}
