@@ -10,6 +10,7 @@ import pytest
 from _models_helpers import jit_forward, random_params, tiny_config
 from jaxrl_hf.models import token_log_probs_and_entropy
 from jaxrl_hf.rollout import JaxGenerationEngine, SamplingParams, top_k_filter, top_p_filter
+from jaxrl_hf.rollout.padding import DEFAULT_LENGTH_BUCKETS, bucket
 
 CONFIG = tiny_config(vocab_size=61, eos_token_ids=())
 PAD = 0
@@ -118,6 +119,17 @@ def test_batch_bucket_avoids_recompilation():
     assert eng.num_compilations == 3  # batch 5 falls in the next bucket
     with pytest.raises(ValueError, match="prompt length 17 exceeds the largest bucket 16"):
         eng.generate(_prompts(lengths=(17,)), sp)
+
+
+def test_default_length_buckets_pad_little():
+    """The default prompt buckets: multiples of 8 to 64, then 4 per doubling; any prompt length up to the largest
+    bucket (from 9 tokens: shorter ones fill the 16 bucket) is padded by at most 7 tokens or under a fifth of its
+    bucket."""
+    assert DEFAULT_LENGTH_BUCKETS[:12] == (16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160)
+    assert DEFAULT_LENGTH_BUCKETS[-1] == 8192 and list(DEFAULT_LENGTH_BUCKETS) == sorted(set(DEFAULT_LENGTH_BUCKETS))
+    for n in range(9, DEFAULT_LENGTH_BUCKETS[-1] + 1):
+        width = bucket(n, DEFAULT_LENGTH_BUCKETS, "prompt length")
+        assert width - n <= max(7, (width - 1) // 5), n
 
 
 def test_left_padding_does_not_change_greedy_output(engine):
