@@ -13,6 +13,7 @@ from _models_helpers import jit_forward, random_params, tiny_config
 from jaxrl_hf.models import (DecoderConfig, forward, init_kv_cache, load_hf_dir, make_module, next_token_targets,
                              param_logical_axes, params_to_hf_state_dict, save_hf_dir, token_log_probs_and_entropy)
 from jaxrl_hf.models.llama import CausalLM, default_positions
+from jaxrl_hf.models.logprobs import log_probs_and_entropy_from_hidden
 from jaxrl_hf.models.rope import rope_frequencies
 from jaxrl_hf.models.weights_hf import hf_state_dict_to_params
 
@@ -153,6 +154,30 @@ def test_log_probs_and_entropy_match_float64_reference():
                    chunk_size=4)  # 11 is not a multiple of 4: exercises padding
     np.testing.assert_allclose(np.asarray(logp), picked, atol=2e-5)
     np.testing.assert_allclose(np.asarray(ent), ent_ref, atol=2e-5)
+
+
+def test_lm_head_of_one_chunk_is_not_rematerialised_and_matches_the_chunked_one():
+    """A sequence that fits one chunk keeps its logits for the backward (no recomputed LM head); values and
+    gradients equal those of the chunked, rematerialised path."""
+    rng = np.random.default_rng(4)
+    hidden = jnp.asarray(rng.normal(size=(3, 6, 8)), jnp.float32)
+    kernel = jnp.asarray(rng.normal(size=(8, 29)), jnp.float32)
+    targets = jnp.asarray(rng.integers(0, 29, (3, 6)), jnp.int32)
+
+    def loss(h, w, chunk):
+        logp, ent = log_probs_and_entropy_from_hidden(h, w, targets, 0.7, chunk)
+        return (logp * jnp.arange(6.0)).sum() + 0.1 * ent.sum()
+
+    def remats(chunk):
+        jaxpr = jax.make_jaxpr(jax.grad(loss, argnums=(0, 1)), static_argnums=2)(hidden, kernel, chunk)
+        return str(jaxpr).count("remat") + str(jaxpr).count("checkpoint")
+
+    assert remats(6) == 0 and remats(64) == 0 and remats(4) > 0
+    for whole in (6, 64):
+        for a, b in zip(jax.grad(loss, argnums=(0, 1))(hidden, kernel, whole),
+                        jax.grad(loss, argnums=(0, 1))(hidden, kernel, 4)):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
+        np.testing.assert_allclose(float(loss(hidden, kernel, whole)), float(loss(hidden, kernel, 4)), rtol=1e-6)
 
 
 def test_remat_and_bf16_options():

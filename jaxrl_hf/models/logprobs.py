@@ -5,8 +5,10 @@ For a position with hidden state h, LM-head kernel W ``[embed, vocab]`` and temp
                                                      final_logit_softcapping c, else the identity)
     log p(y) = z_y - lse,                        (the policy log-likelihood in the PPO ratio)
     H = lse - sum_v softmax(z)_v * z_v           (entropy of the tempered distribution).
-Only one ``[B, chunk, vocab]`` float32 block exists at a time; the chunk function is rematerialised
-in the backward pass, so training never stores full-vocabulary logits for the whole sequence.
+Only one ``[B, chunk, vocab]`` float32 block exists at a time; with more than one chunk the chunk function
+is rematerialised in the backward pass, so training never stores full-vocabulary logits for the whole sequence.
+A sequence of one chunk is not: the LM head's backward runs first, while every activation is still held, so
+recomputing its block there costs a matmul over the vocabulary and changes no peak.
 """
 
 from __future__ import annotations
@@ -45,8 +47,8 @@ def log_probs_and_entropy_from_hidden(hidden: jnp.ndarray, kernel: jnp.ndarray, 
     """``(log p(targets), entropy)``, both ``[B, T]`` float32, for hidden ``[B, T, E]`` and kernel ``[E, V]``.
 
     The sequence is cut into ``chunk_size`` pieces (padded at the end) processed by ``lax.map`` with
-    ``jax.checkpoint``; peak extra memory is one ``[B, chunk_size, V]`` float32 block. ``softcap``: the
-    model's ``final_logit_softcapping``.
+    ``jax.checkpoint`` (one chunk: computed directly); peak extra memory is one ``[B, chunk_size, V]`` float32
+    block. ``softcap``: the model's ``final_logit_softcapping``.
     """
     b, t, e = hidden.shape
     if chunk_size <= 0:
@@ -57,6 +59,8 @@ def log_probs_and_entropy_from_hidden(hidden: jnp.ndarray, kernel: jnp.ndarray, 
     if pad:
         hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
         targets = jnp.pad(targets, ((0, 0), (0, pad)))
+    if n == 1:  # one block either way (module docstring): no rematerialisation
+        return _chunk_stats(hidden, kernel, targets, temperature, with_entropy, softcap)
     hs = hidden.reshape(b, n, c, e).swapaxes(0, 1)
     ts = targets.reshape(b, n, c).swapaxes(0, 1)
     fn = jax.checkpoint(lambda args: _chunk_stats(args[0], kernel, args[1], temperature, with_entropy, softcap))
