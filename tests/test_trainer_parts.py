@@ -197,3 +197,28 @@ def test_mfu_counts_weights_and_causal_attention_over_real_tokens():
     assert m["perf/peak_flops_per_device"] == peak
     assert mfu_metric(Batch.from_dict({"attention_mask": mask}), {"update_actor": seconds},
                       {**info, "peak_flops_per_device": None}, 1, 1) == {}
+
+
+def test_mfu_of_a_shared_prompt_update_counts_each_prompt_once():
+    """With ``actor.share_prompt_forward`` the update computes a group's prompt once: the count is a float64 one of
+    the prompt once per group plus every sample's response attending over prompt and response."""
+    from jaxrl_hf.trainer.metrics import mfu_metric
+
+    P, R = 6, 4
+    mask = np.zeros((4, P + R), np.int32)  # 2 groups of 2 samples: prompts of 4 and 6 tokens
+    mask[0:2, 2:P] = mask[2:4, 0:P] = 1
+    for row, r in enumerate((4, 2, 1, 3)):
+        mask[row, P:P + r] = 1
+    n, layers, a, devices, peak, seconds = 1_000_000, 4, 64, 1, 1e9, 1.0
+    pair = 3 * layers * 4 * a  # one query-key pair: QKᵀ and AV, 2·a each, forward + backward
+    expected = 0.0
+    for p, responses in ((4, (4, 2)), (6, (1, 3))):
+        expected += 6 * n * p + pair * p * (p + 1) / 2
+        for r in responses:
+            expected += 6 * n * r + pair * sum(p + t for t in range(1, r + 1))
+    info = {"model_params": n, "num_layers": layers, "attn_dim": a, "peak_flops_per_device": peak}
+    batch = Batch.from_dict({"attention_mask": mask, "responses": np.zeros((4, R), np.int32)})
+    m = mfu_metric(batch, {"update_actor": seconds}, info, 1, devices, shared_group=2)
+    assert m["perf/mfu/actor"] == pytest.approx(expected / (seconds * devices * peak), rel=1e-12)
+    unshared = mfu_metric(batch, {"update_actor": seconds}, info, 1, devices)["perf/mfu/actor"]
+    assert unshared > m["perf/mfu/actor"]

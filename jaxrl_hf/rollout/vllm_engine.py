@@ -178,6 +178,19 @@ class VllmOptions:
         return tuple(f.name for f in dataclasses.fields(cls))
 
     @classmethod
+    def from_rollout(cls, rollout: Any) -> dict[str, Any]:
+        """The options a ``rollout`` config section sets (unset/null keys left out). Without a ``logprobs_mode``:
+        the sampler log-probs must be log-softmax(logits / T) without top-k/top-p renormalisation (what the trainer
+        recomputes), and vLLM fixes its mode per engine: at T = 1 for training and validation ``raw_logprobs`` is
+        exactly that whatever top-k/top-p are; otherwise ``processed_logprobs`` is, as long as top-k/top-p are off
+        (the engine raises on a call where neither is exact)."""
+        options = {k: getattr(rollout, k) for k in cls.valid_keys() if getattr(rollout, k) is not None}
+        if "logprobs_mode" not in options:
+            temps = {float(rollout.temperature), float(rollout.val.temperature)}
+            options["logprobs_mode"] = "raw_logprobs" if temps == {1.0} else "processed_logprobs"
+        return options
+
+    @classmethod
     def from_mapping(cls, options: Mapping[str, Any] | None) -> "VllmOptions":
         """Build from a config mapping; unknown keys raise, listing the valid ones."""
         options = dict(options or {})

@@ -99,18 +99,32 @@ def actor_update_flops(seq_lens: np.ndarray, num_params: int, num_layers: int, a
     return float(epochs) * float(6.0 * num_params * s.sum() + 6.0 * num_layers * attn_dim * (s * (s + 1)).sum())
 
 
+def shared_prompt_flops(batch: Batch, group: int, num_params: int, num_layers: int, attn_dim: int,
+                        epochs: int) -> float:
+    """The model FLOPs a shared prompt forward does not do (``actor.share_prompt_forward``): each group of ``group``
+    rows computes its prompt once, so ``group - 1`` of its rows' prompt tokens (``p`` real ones: 6·N·p) and their
+    causal attention among themselves (``p(p+1)/2`` query-key pairs) are counted once, not ``group`` times."""
+    prompt_width = np.shape(batch["attention_mask"])[1] - np.shape(batch["responses"])[1]
+    p = (np.asarray(batch["attention_mask"])[::group, :prompt_width] > 0).sum(-1).astype(np.float64)
+    per_group = 6.0 * num_params * p.sum() + 6.0 * num_layers * attn_dim * (p * (p + 1)).sum()
+    return float(epochs) * (group - 1) * float(per_group)
+
+
 def mfu_metric(batch: Batch, timings: dict[str, float], actor_info: dict[str, Any], ppo_epochs: int,
-               num_devices: int) -> dict[str, float]:
+               num_devices: int, shared_group: int = 1) -> dict[str, float]:
     """``perf/mfu/actor``: model FLOPs of the actor update (``actor_update_flops`` over the real tokens of each
-    row) over the update's wall time × the devices' peak FLOP/s; ``perf/peak_flops_per_device``: that peak
-    (``trainer.peak_flops_per_device``, else measured by the actor at start: ``workers/peak_flops.py``)."""
+    row; with ``shared_group`` > 1, the update's rows shared each prompt in groups of that many: less
+    `shared_prompt_flops`) over the update's wall time × the devices' peak FLOP/s; ``perf/peak_flops_per_device``:
+    that peak (``trainer.peak_flops_per_device``, else measured by the actor at start: ``workers/peak_flops.py``)."""
     seconds, peak = timings.get("update_actor", 0.0), actor_info.get("peak_flops_per_device") or 0.0
     num_params = int(actor_info.get("model_params") or actor_info.get("num_params") or 0)
     if not peak or not num_params or seconds <= 0 or "attention_mask" not in batch:
         return {}
     seq_lens = (np.asarray(batch["attention_mask"]) > 0).sum(-1)
-    flops = actor_update_flops(seq_lens, num_params, int(actor_info.get("num_layers", 0)),
-                               int(actor_info.get("attn_dim", 0)), ppo_epochs)
+    layers, attn_dim = int(actor_info.get("num_layers", 0)), int(actor_info.get("attn_dim", 0))
+    flops = actor_update_flops(seq_lens, num_params, layers, attn_dim, ppo_epochs)
+    if shared_group > 1 and "responses" in batch:
+        flops -= shared_prompt_flops(batch, shared_group, num_params, layers, attn_dim, ppo_epochs)
     return {"perf/mfu/actor": flops / (seconds * num_devices * peak), "perf/peak_flops_per_device": float(peak)}
 
 

@@ -226,7 +226,9 @@ class RLTrainer:
         devices = c.placement.num_processes * c.placement.devices_per_process
         metrics.update(timing_metrics(ctx.timer.timings, batch))
         metrics.update(throughput_metrics(batch, ctx.timer.timings, devices))
-        metrics.update(mfu_metric(batch, ctx.timer.timings, self.roles.actor_info, c.actor.ppo_epochs, devices))
+        shared = c.rollout.n if metrics.get("actor/shared_prompt_forward") == 1.0 else 1
+        metrics.update(mfu_metric(batch, ctx.timer.timings, self.roles.actor_info, c.actor.ppo_epochs, devices,
+                                  shared))
         return metrics
 
     # ------------------------------------------------------------------ the loop

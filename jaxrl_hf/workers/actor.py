@@ -25,7 +25,9 @@ training-layout leaves, gathering a sharded leaf to one host buffer at a time (`
 (`jaxrl_hf.workers.offload`). ``actor.ulysses_sequence_parallel_size > 1`` (Ulysses) adds an ``sp`` axis to the
 training mesh: rows over ``dp``, the sequence over ``sp`` (left-padded to a multiple of it), the strategy's
 sequence-parallel rule set; rollouts then always go through a generation layout, which spreads rows over every
-device and does not split sequences. LoRA (``model.lora_rank``): `jaxrl_hf.workers.lora_policy`.
+device and does not split sequences. LoRA (``model.lora_rank``): `jaxrl_hf.workers.lora_policy`. The forward
+passes compute each prompt once for its ``rollout.n`` samples where the rows allow it
+(``actor.share_prompt_forward``, `jaxrl_hf.workers.shared_prompt`).
 
 Rollout loop: ``generate_sequences`` runs ``rollout.loop`` (`jaxrl_hf.rollout.loops`, default ``single_turn``) on
 the engine, inside the reshard above; the loop assembles the output columns.
@@ -63,6 +65,7 @@ from jaxrl_hf.workers.optim import update_schedule_step
 from jaxrl_hf.workers.packed_forward import packed_log_prob_fn
 from jaxrl_hf.workers.peak_flops import mfu_summary
 from jaxrl_hf.workers.protocols import MESH_DP_MERGE
+from jaxrl_hf.workers.shared_prompt import SharedPromptForward
 from jaxrl_hf.workers.token_batches import MicroBatching, actor_micro_batching, has_response_tokens
 from jaxrl_hf.workers.train_step import TrainState, init_train_state
 
@@ -134,11 +137,13 @@ class ActorRolloutRefWorker(Worker):
             self.layout = GenerationLayout.build(self.gen, param_logical_axes(config), shapes,
                                                  meshlib.ordered_devices(), self.rule_set)
             self.layout.check_train_shardings(shardings)
-            self._check_generation_rows()
+            self.layout.check_process_rows(self.mesh, self.train, self.gen)
         params = jax.device_put(self.model.params, shardings)
         self.model.params = None  # the placed copy is the only one
         self.log_prob_fn = lm_log_prob_fn(config, self.mesh, self.rule_set.activations)
         self.packed_log_prob_fn = packed_log_prob_fn(config, self.mesh, self.rule_set.activations)
+        self.shared_prompt = SharedPromptForward(config, self.config.actor.share_prompt_forward, self.config.rollout.n,
+                                                 self.train.sp, self.mesh, self.rule_set.activations)
         if self.has_ref:
             self.ref_params = reference_params(params, config.dtype)
         self.lora = LoraPolicy.from_config(self.config.model, config, params, shardings, self.mesh,
@@ -149,11 +154,15 @@ class ActorRolloutRefWorker(Worker):
             params, shardings = self.lora.init_adapters(self.config.model.seed), self.lora.adapter_shardings
         if self.has_actor:
             update = self.batching["update"]
-            program = build_actor_update(self.config.actor, self.config.rollout.temperature,
-                                         self._forward_fn(update), params, shardings, self.mesh,
-                                         live_fn=has_response_tokens if update.dynamic else None,
-                                         combine=self.lora.combine if self.lora is not None else None)
-            self.loss_cfg, self.optim, self._train_step = program.loss_cfg, program.optim, program.step
+            build = functools.partial(build_actor_update, self.config.actor, self.config.rollout.temperature,
+                                      param_shapes=params, param_shardings=shardings, mesh=self.mesh,
+                                      live_fn=has_response_tokens if update.dynamic else None,
+                                      combine=self.lora.combine if self.lora is not None else None)
+            program = build(self._forward_fn(update))
+            self.loss_cfg, self.optim = program.loss_cfg, program.optim
+            self._train_steps = {False: program.step}  # keyed by "the prompts are shared" (jitted lazily)
+            if self.shared_prompt.log_prob_fn is not None and not update.active:
+                self._train_steps[True] = build(self.shared_prompt.log_prob_fn).step
             self.state = jax.jit(lambda p: init_train_state(p, program.optimizer),
                                  out_shardings=program.state_shardings)(params)
             self.engine = self._build_engine()
@@ -172,21 +181,12 @@ class ActorRolloutRefWorker(Worker):
         return self.state.params if self.lora is None else self.lora.merged(self.state.params)
 
     def _engine_options(self) -> dict[str, Any] | None:
-        """vLLM options: the ``rollout`` keys that ``VllmOptions`` names (unset/null ones left out)."""
+        """vLLM options: the ``rollout`` keys that ``VllmOptions`` names (`VllmOptions.from_rollout`)."""
         if self.engine_name != "vllm":
             return None
         from jaxrl_hf.rollout.vllm_engine import VllmOptions
 
-        rollout = self.config.rollout
-        options = {k: getattr(rollout, k) for k in VllmOptions.valid_keys() if getattr(rollout, k) is not None}
-        if "logprobs_mode" not in options:
-            # The sampler log-probs must be log-softmax(logits / T) without top-k/top-p renormalisation (what
-            # the trainer recomputes). vLLM fixes its mode per engine: at T = 1 for training and validation,
-            # ``raw_logprobs`` is exactly that whatever top-k/top-p are; otherwise ``processed_logprobs`` is,
-            # as long as top-k/top-p are off (the engine raises on a call where neither is exact).
-            temps = {float(rollout.temperature), float(rollout.val.temperature)}
-            options["logprobs_mode"] = "raw_logprobs" if temps == {1.0} else "processed_logprobs"
-        return options
+        return VllmOptions.from_rollout(self.config.rollout)
 
     def _build_engine(self) -> Any:
         """``rollout.name``'s engine on the generation mesh (the training mesh when the layouts are equal).
@@ -210,28 +210,6 @@ class ActorRolloutRefWorker(Worker):
                 raise WorkerConfigError(f"rollout.name={self.engine_name!r} has no JAX generation layout")
             engine.params = None
         return engine
-
-    def _check_generation_rows(self) -> None:
-        """Several processes + a generation layout: every process's rows (its training dp shard) must live on
-        the generation-mesh batch shards of its own devices (`jaxrl_hf.rollout.multiprocess`); else a clear
-        config error now rather than at the first rollout."""
-        if jax.process_count() == 1:
-            return
-        from jaxrl_hf.controller.layout import coords_from_mesh
-        from jaxrl_hf.rollout import multiprocess
-
-        slabs = multiprocess.process_batch_slabs(self.layout.mesh, self.layout.activation_rules)
-        groups = {p: coords_from_mesh(self.mesh, p).dp_rank for p in slabs}
-        try:
-            multiprocess.check_row_groups(slabs, groups)
-        except ValueError as err:
-            sp = (" and each Ulysses group (actor.ulysses_sequence_parallel_size: its devices share rows in training, "
-                  "not in generation)" if self.train.sp > 1 else "")
-            raise WorkerConfigError(
-                f"placement.num_processes={jax.process_count()} with placement.generate={self.gen.label()} over "
-                f"placement.train={self.train.label()}: {err}. Keep each training replica's generation micro-DP "
-                f"group{sp} inside one process (a placement.generate whose micro-DP groups stay on one process), use "
-                "placement.num_processes=1, or leave placement.generate unset") from None
 
     @contextlib.contextmanager
     def _engine_for_rollout(self) -> Iterator[RolloutEngine]:
@@ -330,9 +308,11 @@ class ActorRolloutRefWorker(Worker):
         for key in LOG_PROB_INPUTS:
             if key not in batch:
                 raise KeyError(f"log-prob computation: Batch has no {key!r}; columns: {batch.keys()}")
-        program = functools.partial(log_probs_program, log_prob_fn=self._forward_fn(batching))
         arrays = pad_sequences_to({k: batch[k] for k in (*LOG_PROB_INPUTS, "response_mask") if k in batch},
                                   self.train.sp)
+        shared = not batching.active and self.shared_prompt.applies(arrays, batching.rows_per_device)
+        program = functools.partial(log_probs_program, log_prob_fn=self.shared_prompt.log_prob_fn if shared
+                                    else self._forward_fn(batching))
         logp, ent = batching.apply(program, params, arrays, self.mesh, self.dp_processes, jnp.float32(temperature))
         if "response_mask" in batch:
             valid = np.asarray(batch["response_mask"]) != 0
@@ -400,13 +380,16 @@ class ActorRolloutRefWorker(Worker):
         lr_step = np.int32(update_schedule_step(batch.meta_info, self.global_step))  # one lr for the whole call
         collected = []
         update = self.batching["update"]
+        shared = (True in self._train_steps and not plan.shuffle
+                  and self.shared_prompt.applies(arrays, plan.micro_rows // (self.dp_devices // self.dp_processes)))
         for micro in iterate_minibatches(arrays, plan, seed):
             micro = update.update_micro_batches(micro, self.dp_devices // self.dp_processes)  # by tokens/packed
             placed = {k: to_global(v, self.mesh, self.dp_processes, micro_axis=True) for k, v in micro.items()}
-            self.state, metrics = self._train_step(self.state, placed, lr_step,
-                                                   *(() if self.lora is None else (self.lora.base,)))
+            self.state, metrics = self._train_steps[shared](self.state, placed, lr_step,
+                                                            *(() if self.lora is None else (self.lora.base,)))
             collected.append(metrics)
-        metrics = {**mean_metrics(collected, prefix="actor/", last=("lr",)), **update.padding_metrics("actor/")}
+        metrics = {**mean_metrics(collected, prefix="actor/", last=("lr",)), **update.padding_metrics("actor/"),
+                   "actor/shared_prompt_forward": float(shared)}
         if self.layout is None:
             start = time.perf_counter()
             self.engine.set_params(self.policy_params())  # vLLM: the in-place weight sync

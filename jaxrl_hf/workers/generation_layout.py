@@ -112,6 +112,29 @@ class GenerationLayout:
         if len(mine) != len(theirs) or bad:
             raise AssertionError(f"{where}: training shardings differ from the 3D-HybridEngine's at leaves {bad}")
 
+    def check_process_rows(self, train_mesh: jax.sharding.Mesh, train: meshlib.TrainParallel,
+                           gen: meshlib.GenParallel) -> None:
+        """Several processes: every process's rows (its training dp shard on ``train_mesh``) must live on the
+        generation-mesh batch shards of its own devices (`jaxrl_hf.rollout.multiprocess`); else a clear config
+        error now rather than at the first rollout."""
+        if jax.process_count() == 1:
+            return
+        from jaxrl_hf.controller.layout import coords_from_mesh
+        from jaxrl_hf.rollout import multiprocess
+
+        slabs = multiprocess.process_batch_slabs(self.mesh, self.activation_rules)
+        groups = {p: coords_from_mesh(train_mesh, p).dp_rank for p in slabs}
+        try:
+            multiprocess.check_row_groups(slabs, groups)
+        except ValueError as err:
+            sp = (" and each Ulysses group (actor.ulysses_sequence_parallel_size: its devices share rows in training, "
+                  "not in generation)" if train.sp > 1 else "")
+            raise WorkerConfigError(
+                f"placement.num_processes={jax.process_count()} with placement.generate={gen.label()} over "
+                f"placement.train={train.label()}: {err}. Keep each training replica's generation micro-DP "
+                f"group{sp} inside one process (a placement.generate whose micro-DP groups stay on one process), use "
+                "placement.num_processes=1, or leave placement.generate unset") from None
+
     def to_generation(self, train_params: Any) -> Any:
         """Generation-layout params; ``train_params`` are consumed (their buffers freed)."""
         return self.engine.to_generation(train_params)

@@ -1,0 +1,126 @@
+"""The policy forward with each prompt computed once for its samples (`jaxrl_hf.workers.shared_prompt`) against
+the padded forward on the same rows: log-probs, entropies and gradients."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from _models_helpers import random_params, tiny_config
+from jaxrl_hf.workers.losses import response_log_probs
+from jaxrl_hf.workers.shared_prompt import groups_share_prompts, shared_prompt_log_probs
+
+
+def grouped_rows(groups: int, n: int, prompt: int, response: int, vocab: int, seed: int = 0):
+    """``n`` samples per prompt in adjacent rows: left-padded prompts of different lengths per group, responses
+    right-padded at different lengths per sample; position ids as the rollout builds them."""
+    rng = np.random.default_rng(seed)
+    rows, width = groups * n, prompt + response
+    ids, mask = np.zeros((rows, width), np.int32), np.zeros((rows, width), np.int32)
+    for g in range(groups):
+        plen = int(rng.integers(2, prompt + 1))
+        tokens = rng.integers(3, vocab, plen)
+        for s in range(n):
+            r = g * n + s
+            ids[r, prompt - plen:prompt], mask[r, prompt - plen:prompt] = tokens, 1
+            rlen = int(rng.integers(1, response + 1))
+            ids[r, prompt:prompt + rlen], mask[r, prompt:prompt + rlen] = rng.integers(3, vocab, rlen), 1
+    positions = np.maximum(np.cumsum(mask, -1) - 1, 0).astype(np.int32)
+    return ids, mask, positions, mask[:, prompt:].astype(np.float32)
+
+
+@pytest.mark.parametrize("overrides", [{}, {"tie_word_embeddings": True, "qkv_bias": True},
+                                       {"dtype": "bfloat16"}])
+def test_shared_prompt_forward_equals_the_padded_forward(overrides):
+    config = tiny_config(**overrides)
+    params = random_params(config.replace(dtype="float32"), seed=3)
+    n, prompt, response = 3, 7, 5
+    ids, mask, positions, valid = grouped_rows(2, n, prompt, response, config.vocab_size)
+    args = (jnp.asarray(ids), jnp.asarray(mask), jnp.asarray(positions))
+
+    def plain(p):
+        return response_log_probs(p, config, *args, response, temperature=0.7)
+
+    def shared(p):
+        return shared_prompt_log_probs(p, config, *args, response, n, temperature=0.7)
+
+    tol = 2e-2 if config.dtype == "bfloat16" else 2e-5
+    for a, b in zip(jax.jit(plain)(params), jax.jit(shared)(params)):
+        np.testing.assert_allclose(np.asarray(a) * valid, np.asarray(b) * valid, atol=tol, rtol=tol)
+
+    weights = jnp.asarray(valid * np.linspace(-1.0, 1.0, valid.size).reshape(valid.shape))
+
+    def loss(fn):
+        return lambda p: jnp.sum(fn(p)[0] * weights) + 0.1 * jnp.sum(fn(p)[1] * weights)
+
+    g_plain, g_shared = jax.jit(jax.grad(loss(plain)))(params), jax.jit(jax.grad(loss(shared)))(params)
+    for a, b in zip(jax.tree.leaves(g_plain), jax.tree.leaves(g_shared)):
+        scale = max(float(np.abs(np.asarray(a, np.float32)).max()), 1e-6)
+        np.testing.assert_allclose(np.asarray(b, np.float32) / scale, np.asarray(a, np.float32) / scale,
+                                   atol=10 * tol)
+
+
+def test_groups_share_prompts_checks_every_group_and_chunk():
+    ids, mask, _, _ = grouped_rows(4, 2, 6, 3, 97)
+    assert groups_share_prompts(ids, mask, 3, group=2, chunk_rows=4)
+    assert groups_share_prompts(ids, mask, 3, group=2, chunk_rows=8)
+    assert not groups_share_prompts(ids, mask, 3, group=2, chunk_rows=3)  # a chunk would split a group
+    assert not groups_share_prompts(ids, mask, 3, group=4, chunk_rows=8)  # groups of 2, not 4
+    assert not groups_share_prompts(ids, mask, 3, group=1, chunk_rows=8)  # nothing to share
+    other = ids.copy()
+    other[5, 5] += 1  # one sample's prompt token differs
+    assert not groups_share_prompts(other, mask, 3, group=2, chunk_rows=4)
+    assert groups_share_prompts(ids[:, :8], mask[:, :8], 2, group=2, chunk_rows=4)  # response columns differ freely
+    assert not groups_share_prompts(ids, mask, 9, group=2, chunk_rows=4)  # no prompt columns
+
+
+# ------------------------------------------------------------------ the actor worker (8 fake CPU devices)
+def make_actor(share: bool, **actor):
+    from _models_helpers import tiny_worker_config
+    from jaxrl_hf.controller.worker import WorkerContext
+    from jaxrl_hf.workers import ActorRolloutRefWorker
+
+    config = tiny_worker_config(lr=1e-2, n=2, response_length=5, seed=1,
+                                actor={"ppo_mini_batch_size": 4, "ppo_micro_batch_size_per_device": 2,
+                                       "share_prompt_forward": share, **actor},
+                                placement={"num_processes": 1, "devices_per_process": 8,
+                                           "train": {"pp": 1, "tp": 2, "dp": 4}})
+    worker = ActorRolloutRefWorker._instantiate(WorkerContext("w", "local", 0, 1), (config, "actor_rollout"), {})
+    worker.init_model()
+    worker.set_step(1)
+    return worker
+
+
+@pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 devices: set "
+                    "XLA_FLAGS=--xla_force_host_platform_device_count=8 before jax starts")
+def test_actor_worker_shares_grouped_prompts_with_the_same_update_and_log_probs():
+    """dp 4 x tp 2, 4 prompts x 2 samples, one sample pair per device: the shared forward is taken (metric 1) and
+    gives the padded forward's log-probs, loss, gradient norm and parameter change; rows out of their groups and
+    ``share_prompt_forward: false`` take the padded one."""
+    from _models_helpers import TINY_WORKER_MODEL
+    from jaxrl_hf.controller import Batch
+
+    ids, mask, positions, valid = grouped_rows(4, 2, 6, 5, TINY_WORKER_MODEL["vocab_size"], seed=2)
+    rng = np.random.default_rng(5)
+    batch = Batch.from_dict({"input_ids": ids, "attention_mask": mask, "position_ids": positions,
+                             "responses": ids[:, 6:], "response_mask": valid.astype(np.int32),
+                             "advantages": (rng.normal(size=valid.shape) * valid).astype(np.float32)})
+    runs = {}
+    for share in (True, False):
+        worker = make_actor(share)
+        logp = worker.compute_log_prob(batch)["old_log_probs"]
+        before = [np.asarray(x) for x in jax.tree.leaves(worker.state.params)]
+        metrics = worker.update_actor(batch).meta_info["metrics"]
+        delta = np.concatenate([(np.asarray(x) - b).ravel()
+                                for x, b in zip(jax.tree.leaves(worker.state.params), before)])
+        runs[share] = (logp, metrics, delta)
+    (logp, got, delta), (ref_logp, ref, ref_delta) = runs[True], runs[False]
+    assert got["actor/shared_prompt_forward"] == 1.0 and ref["actor/shared_prompt_forward"] == 0.0
+    np.testing.assert_allclose(logp, ref_logp, atol=2e-5)
+    for key in ("actor/pg_loss", "actor/grad_norm", "actor/entropy"):
+        np.testing.assert_allclose(got[key], ref[key], rtol=1e-4, atol=1e-6, err_msg=key)
+    assert np.linalg.norm(delta - ref_delta) < 1e-3 * np.linalg.norm(ref_delta)
+    shuffled = batch.take(np.array([1, 0, 2, 3, 4, 5, 7, 6]))  # groups intact, samples swapped: still shared
+    assert make_actor(True).update_actor(shuffled).meta_info["metrics"]["actor/shared_prompt_forward"] == 1.0
+    split = batch.take(np.array([0, 2, 1, 3, 4, 5, 6, 7]))  # two groups split across rows: padded forward
+    assert make_actor(True).update_actor(split).meta_info["metrics"]["actor/shared_prompt_forward"] == 0.0
