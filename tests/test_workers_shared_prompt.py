@@ -124,3 +124,15 @@ def test_actor_worker_shares_grouped_prompts_with_the_same_update_and_log_probs(
     assert make_actor(True).update_actor(shuffled).meta_info["metrics"]["actor/shared_prompt_forward"] == 1.0
     split = batch.take(np.array([0, 2, 1, 3, 4, 5, 6, 7]))  # two groups split across rows: padded forward
     assert make_actor(True).update_actor(split).meta_info["metrics"]["actor/shared_prompt_forward"] == 0.0
+
+
+def test_shared_forward_is_taken_only_where_the_padded_attention_is_eager():
+    from jaxrl_hf.workers.shared_prompt import SharedPromptForward
+
+    ids, mask, _, _ = grouped_rows(2, 2, 6, 3, 97)
+    arrays = {"input_ids": ids, "attention_mask": mask, "responses": ids[:, 6:]}
+    assert SharedPromptForward(tiny_config(), True, 2, 1).applies(arrays, 2)
+    assert not SharedPromptForward(tiny_config(attn_implementation="blockwise"), True, 2, 1).applies(arrays, 2)
+    assert not SharedPromptForward(tiny_config(), False, 2, 1).applies(arrays, 2)  # switched off
+    assert SharedPromptForward(tiny_config(), True, 1, 1).log_prob_fn is None  # n = 1: nothing to share
+    assert SharedPromptForward(tiny_config(), True, 2, 2).log_prob_fn is None  # sequence parallel

@@ -84,8 +84,9 @@ class ActorConfig:
     """Compute each prompt once for its ``rollout.n`` samples in the actor worker's forward passes (update, old and
     reference log-probs): the samples attend to the prompt's keys/values (`jaxrl_hf.workers.shared_prompt`); the same
     log-probs and gradients up to float summation order on about half the decoder's token positions at GRPO's
-    shapes. Taken for padded row micro-batches of whole groups of equal prompts (checked in every pass); packed,
-    token-budget, shuffled or sequence-parallel passes and ``rollout.n`` 1 take the padded forward."""
+    shapes. Taken for padded row micro-batches of whole groups of equal prompts (checked in every pass) at widths
+    where the padded forward's attention is eager; packed, token-budget, shuffled or sequence-parallel passes,
+    blockwise / cuDNN widths and ``rollout.n`` 1 take the padded forward."""
     ptx_coef: float = 0.0
     """Safe-RLHF / InstructGPT pre-training (ptx) loss weight; > 0 needs ``data.ptx_files`` rows."""
     offload_optimizer: bool = False

@@ -354,13 +354,17 @@ class Decoder(nn.Module):
         """``(hidden [B, T, embed], new_kv)``: ``new_kv`` = ``{"k","v"}: [layers, B, T, kv_heads, head_dim]``
         (this call's keys/values, not yet written into ``cache``), ``None`` without a cache.
 
-        A Python-int ``cache_index == 0`` (prefill) attends to no cached slot, so the cache is not read.
+        A Python-int ``cache_index == 0`` (prefill) attends to no cached slot, so the cache is not read. The mask
+        covers every cache slot, the new tokens' slots among them; or, for new tokens after a full cache
+        (``cache_index`` = its length, a Python int), the cache slots and then the ``T`` new tokens.
         """
         if cache is not None:
             cache_len = cache["k"].shape[3]
-            if attention_mask.shape[1] != cache_len:
+            after = isinstance(cache_index, int) and cache_index == cache_len
+            if attention_mask.shape[1] != cache_len + (input_ids.shape[1] if after else 0):
                 raise ValueError(f"attention_mask has {attention_mask.shape[1]} slots but the KV cache has "
-                                 f"{cache_len}; with a cache the mask must cover every cache slot")
+                                 f"{cache_len}; with a cache the mask must cover every cache slot (and the "
+                                 f"{input_ids.shape[1]} new tokens after a full cache)")
             if isinstance(cache_index, int) and cache_index == 0:
                 cache = jax.tree.map(lambda a: a[:, :, :, :0], cache)
         x = self.embed_tokens(input_ids)

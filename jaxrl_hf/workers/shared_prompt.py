@@ -8,15 +8,17 @@ prompt positions never see the response). For rows in whole groups of ``n`` equa
     response pass:  hidden_r = decoder(response tokens | cache = (K_p, V_p) of its group)            [G·n, R]
     log π(y_t):     LM head on [hidden_p[P-1], hidden_r[0 .. R-2]]  (the positions predicting y_0 .. y_{R-1})
 
-The response queries attend over the prompt's keys/values and, causally, their own (the decoder's chunk-over-cache
-attention, `jaxrl_hf.models.attention.cached_attention`): the same keys with the same positions and masks as the
+The response queries attend over the prompt's keys/values (a full cache of ``P`` slots) and, causally, their own
+(the decoder's chunk-over-cache attention, `jaxrl_hf.models.attention.cached_attention`, with ``[R, P + R]`` scores:
+the response rows of the padded forward's ``[T, T]`` ones): the same keys with the same positions and masks as the
 padded ``[G·n, P + R]`` forward, so log-probs and entropies equal it up to float summation order, and so do the
 gradients (the prompt pass's activations receive the sum over the group's samples, which is what backpropagation
 through ``n`` equal copies computes). The decoder then processes ``G·P + G·n·R`` token positions instead of
 ``G·n·(P + R)``: about half at GRPO's usual prompt/response shapes.
 
 Rows that are not whole groups of equal prompts take the padded forward (`groups_share_prompts` decides, on the
-host, per pass).
+host, per pass), and so do widths at which the padded forward would not attend eagerly (blockwise or cuDNN
+attention: that eager response pass would hold scores the kernels never materialise).
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ import numpy as np
 
 from jaxrl_hf.models.config import DecoderConfig
 from jaxrl_hf.models.forward import lm_head_kernel, make_module
-from jaxrl_hf.models.llama import CausalLM, init_kv_cache, kv_head_repeats, write_kv_cache
+from jaxrl_hf.models.attention import resolve_implementation
+from jaxrl_hf.models.llama import CausalLM, init_kv_cache, kv_head_repeats
 from jaxrl_hf.models.logprobs import log_probs_and_entropy_from_hidden
 from jaxrl_hf.workers.losses import LogProbFn, whole_rows
 
@@ -81,8 +84,8 @@ def shared_prompt_log_probs(params: Any, config: DecoderConfig, input_ids: Array
     empty = init_kv_cache(config, rows // group, prompt_len)  # cache index 0: never read, only shapes new_kv
     hidden_p, prompt_kv = module.apply(variables, prompt[0], prompt[2], prompt[1], empty, 0,
                                        method=CausalLM.hidden_states_and_new_kv)
-    cache = write_kv_cache(init_kv_cache(config, rows, width),
-                           jax.tree.map(lambda kv: _repeat_per_sample(kv, group, axis=1), prompt_kv), 0)
+    # the responses after a full cache of their prompt's P slots: scores [R, P + R], the padded forward's rows
+    cache = {name: _repeat_per_sample(kv, group, axis=1).swapaxes(2, 3) for name, kv in prompt_kv.items()}
     hidden_r, _ = module.apply(variables, input_ids[:, prompt_len:], position_ids[:, prompt_len:], attention_mask,
                                cache, prompt_len, method=CausalLM.hidden_states_and_new_kv)
     last_prompt = _repeat_per_sample(hidden_p[:, -1:], group)
@@ -111,14 +114,20 @@ class SharedPromptForward:
 
     def __init__(self, model_config: DecoderConfig, enabled: bool, group: int, sequence_parallel: int,
                  mesh: Any = None, rules: Any = None) -> None:
-        self.group = int(group)
+        self.group, self.model_config = int(group), model_config
         usable = (enabled and self.group > 1 and sequence_parallel == 1
                   and kv_head_repeats(model_config.num_key_value_heads, mesh, rules) == 1)
         self.log_prob_fn = shared_prompt_log_prob_fn(model_config, self.group, mesh, rules) if usable else None
 
     def applies(self, arrays: Mapping[str, np.ndarray], rows_per_device: int) -> bool:
         """Whether a padded pass over ``arrays`` (``input_ids``, ``attention_mask``, ``responses``) in chunks of
-        ``rows_per_device`` rows per device can share its prompts."""
-        return self.log_prob_fn is not None and groups_share_prompts(
+        ``rows_per_device`` rows per device can share its prompts: grouped rows, and a width at which the padded
+        forward's attention is eager too (the response pass's ``[R, P + R]`` scores are then a part of its
+        ``[T, T]`` ones; a blockwise or cuDNN padded pass keeps its kernel)."""
+        width = np.shape(arrays["input_ids"])[1]
+        c = self.model_config
+        eager = resolve_implementation(c.attn_implementation, width, jnp.dtype(c.dtype), c.head_dim,
+                                       c.layer_windows is not None, bool(c.attn_logit_softcapping)) == "eager"
+        return self.log_prob_fn is not None and eager and groups_share_prompts(
             arrays["input_ids"], arrays["attention_mask"], np.shape(arrays["responses"])[1], self.group,
             int(rows_per_device))
