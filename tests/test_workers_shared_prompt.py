@@ -1,6 +1,9 @@
 """The policy forward with each prompt computed once for its samples (`jaxrl_hf.workers.shared_prompt`) against
 the padded forward on the same rows: log-probs, entropies and gradients."""
 
+import os
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,23 +13,8 @@ from _models_helpers import random_params, tiny_config
 from jaxrl_hf.workers.losses import response_log_probs
 from jaxrl_hf.workers.shared_prompt import groups_share_prompts, shared_prompt_log_probs
 
-
-def grouped_rows(groups: int, n: int, prompt: int, response: int, vocab: int, seed: int = 0):
-    """``n`` samples per prompt in adjacent rows: left-padded prompts of different lengths per group, responses
-    right-padded at different lengths per sample; position ids as the rollout builds them."""
-    rng = np.random.default_rng(seed)
-    rows, width = groups * n, prompt + response
-    ids, mask = np.zeros((rows, width), np.int32), np.zeros((rows, width), np.int32)
-    for g in range(groups):
-        plen = int(rng.integers(2, prompt + 1))
-        tokens = rng.integers(3, vocab, plen)
-        for s in range(n):
-            r = g * n + s
-            ids[r, prompt - plen:prompt], mask[r, prompt - plen:prompt] = tokens, 1
-            rlen = int(rng.integers(1, response + 1))
-            ids[r, prompt:prompt + rlen], mask[r, prompt:prompt + rlen] = rng.integers(3, vocab, rlen), 1
-    positions = np.maximum(np.cumsum(mask, -1) - 1, 0).astype(np.int32)
-    return ids, mask, positions, mask[:, prompt:].astype(np.float32)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "launch", "bench"))
+from bench_shared_prompt import grouped_rows  # noqa: E402  (rows as a rollout lays them out)
 
 
 @pytest.mark.parametrize("overrides", [{}, {"tie_word_embeddings": True, "qkv_bias": True},
