@@ -60,6 +60,21 @@ def tiny_worker_config(*, lr: float, n: int, response_length: int, seed: int, **
     return _deep_merge(config, sections)
 
 
+DP4_TP2_PLACEMENT = {"num_processes": 1, "devices_per_process": 8, "train": {"pp": 1, "tp": 2, "dp": 4}}
+"""One process on 8 fake CPU devices, dp 4 x tp 2 (``placement`` of `tiny_worker_config`)."""
+
+
+def local_actor(config: dict, role: str = "actor_rollout"):
+    """An ``ActorRolloutRefWorker`` of ``config`` in this process, its model initialised, at global step 1."""
+    from jaxrl_hf.controller.worker import WorkerContext
+    from jaxrl_hf.workers import ActorRolloutRefWorker
+
+    worker = ActorRolloutRefWorker._instantiate(WorkerContext("w", "local", 0, 1), (config, role), {})
+    worker.init_model()
+    worker.set_step(1)
+    return worker
+
+
 def _deep_merge(base: dict, extra: dict) -> dict:
     merged = dict(base)
     for key, value in extra.items():

@@ -12,12 +12,10 @@ import jax
 import numpy as np
 import pytest
 
-from _models_helpers import TINY_WORKER_MODEL, random_prompts, tiny_worker_config
+from _models_helpers import DP4_TP2_PLACEMENT, TINY_WORKER_MODEL, local_actor, random_prompts, tiny_worker_config
 from jaxrl_hf.config import load_config
 from jaxrl_hf.controller import Batch
-from jaxrl_hf.controller.worker import WorkerContext
 from jaxrl_hf.trainer.step import StepContext
-from jaxrl_hf.workers import ActorRolloutRefWorker
 
 pytestmark = pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 devices: set "
                                 "XLA_FLAGS=--xla_force_host_platform_device_count=8 before jax starts")
@@ -26,15 +24,9 @@ P, R, PROMPTS, N = 5, 6, 2, 4
 
 
 def make_actor(**actor):
-    config = tiny_worker_config(lr=1e-2, n=N, response_length=R, seed=1,
-                                actor={"ppo_mini_batch_size": PROMPTS, "ppo_micro_batch_size_per_device": 1,
-                                       "clip_ratio": 0.2, **actor},
-                                placement={"num_processes": 1, "devices_per_process": 8,
-                                           "train": {"pp": 1, "tp": 2, "dp": 4}})
-    worker = ActorRolloutRefWorker._instantiate(WorkerContext("w", "local", 0, 1), (config, "actor_rollout"), {})
-    worker.init_model()
-    worker.set_step(1)
-    return worker
+    return local_actor(tiny_worker_config(lr=1e-2, n=N, response_length=R, seed=1, placement=DP4_TP2_PLACEMENT,
+                                          actor={"ppo_mini_batch_size": PROMPTS, "ppo_micro_batch_size_per_device": 1,
+                                                 "clip_ratio": 0.2, **actor}))
 
 
 @pytest.fixture(scope="module")

@@ -64,19 +64,11 @@ def test_groups_share_prompts_checks_every_group_and_chunk():
 
 # ------------------------------------------------------------------ the actor worker (8 fake CPU devices)
 def make_actor(share: bool, **actor):
-    from _models_helpers import tiny_worker_config
-    from jaxrl_hf.controller.worker import WorkerContext
-    from jaxrl_hf.workers import ActorRolloutRefWorker
+    from _models_helpers import DP4_TP2_PLACEMENT, local_actor, tiny_worker_config
 
-    config = tiny_worker_config(lr=1e-2, n=2, response_length=5, seed=1,
-                                actor={"ppo_mini_batch_size": 4, "ppo_micro_batch_size_per_device": 2,
-                                       "share_prompt_forward": share, **actor},
-                                placement={"num_processes": 1, "devices_per_process": 8,
-                                           "train": {"pp": 1, "tp": 2, "dp": 4}})
-    worker = ActorRolloutRefWorker._instantiate(WorkerContext("w", "local", 0, 1), (config, "actor_rollout"), {})
-    worker.init_model()
-    worker.set_step(1)
-    return worker
+    return local_actor(tiny_worker_config(lr=1e-2, n=2, response_length=5, seed=1, placement=DP4_TP2_PLACEMENT,
+                                          actor={"ppo_mini_batch_size": 4, "ppo_micro_batch_size_per_device": 2,
+                                                 "share_prompt_forward": share, **actor}))
 
 
 @pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 devices: set "
