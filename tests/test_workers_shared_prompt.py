@@ -60,6 +60,11 @@ def test_groups_share_prompts_checks_every_group_and_chunk():
     assert not groups_share_prompts(other, mask, 3, group=2, chunk_rows=4)
     assert groups_share_prompts(ids[:, :8], mask[:, :8], 2, group=2, chunk_rows=4)  # response columns differ freely
     assert not groups_share_prompts(ids, mask, 9, group=2, chunk_rows=4)  # no prompt columns
+    _, _, positions, _ = grouped_rows(4, 2, 6, 3, 97)
+    assert groups_share_prompts(ids, mask, 3, group=2, chunk_rows=4, position_ids=positions)
+    shifted = positions.copy()
+    shifted[3, :6] += 1  # the same tokens at other positions: not the same prompt activations
+    assert not groups_share_prompts(ids, mask, 3, group=2, chunk_rows=4, position_ids=shifted)
 
 
 # ------------------------------------------------------------------ the actor worker (8 fake CPU devices)

@@ -29,9 +29,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrl_hf.models.attention import resolve_implementation
 from jaxrl_hf.models.config import DecoderConfig
 from jaxrl_hf.models.forward import lm_head_kernel, make_module
-from jaxrl_hf.models.attention import resolve_implementation
 from jaxrl_hf.models.llama import CausalLM, init_kv_cache, kv_head_repeats
 from jaxrl_hf.models.logprobs import log_probs_and_entropy_from_hidden
 from jaxrl_hf.workers.losses import LogProbFn, whole_rows
@@ -40,19 +40,22 @@ Array = jax.Array
 
 
 def groups_share_prompts(input_ids: np.ndarray, attention_mask: np.ndarray, response_length: int, group: int,
-                         chunk_rows: int) -> bool:
+                         chunk_rows: int, position_ids: np.ndarray | None = None) -> bool:
     """Whether every chunk of ``chunk_rows`` consecutive rows (a micro-batch, or one device's share of it) consists
     of whole groups of ``group`` rows whose prompt columns (``[:, :P]``, ``P`` = width - ``response_length``) hold the
-    same tokens under the same mask."""
+    same tokens under the same mask (and the same positions, when given)."""
     rows = len(input_ids)
     if group < 2 or chunk_rows % group or rows % group:
         return False
     width = np.shape(input_ids)[1] - int(response_length)
     if width < 1:
         return False
-    ids = np.asarray(input_ids)[:, :width].reshape(rows // group, group, width)
-    mask = np.asarray(attention_mask)[:, :width].reshape(rows // group, group, width)
-    return bool((ids == ids[:, :1]).all() and (mask == mask[:, :1]).all())
+    columns = [x for x in (input_ids, attention_mask, position_ids) if x is not None]
+    for x in columns:
+        prompt = np.asarray(x)[:, :width].reshape(rows // group, group, width)
+        if not (prompt == prompt[:, :1]).all():
+            return False
+    return True
 
 
 def _first_of_group(x: Array, group: int) -> Array:
@@ -130,4 +133,4 @@ class SharedPromptForward:
                                        c.layer_windows is not None, bool(c.attn_logit_softcapping)) == "eager"
         return self.log_prob_fn is not None and eager and groups_share_prompts(
             arrays["input_ids"], arrays["attention_mask"], np.shape(arrays["responses"])[1], self.group,
-            int(rows_per_device))
+            int(rows_per_device), arrays.get("position_ids"))
