@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -237,9 +239,9 @@ def test_n_samples_share_one_prefill_with_the_same_results():
 
 
 def test_bf16_cache_is_held_as_bit_patterns_on_cpu_with_identical_samples():
-    """On CPU a bf16 KV cache is held as its uint16 bit patterns (XLA:CPU slices and writes a 16-bit float array in
-    place only as integers); the samples and log-probs equal those of a float32 cache and of a plain bf16 one
-    (which hold the same bf16 keys/values) bit for bit."""
+    """On CPU a stacked bf16 KV cache (the scanned layer loop) is held as its uint16 bit patterns (XLA:CPU slices and
+    writes a 16-bit float array in place only as integers); the samples and log-probs equal those of a float32
+    cache and of a plain bf16 one (which hold the same bf16 keys/values) bit for bit."""
     from jaxrl_hf.rollout.jax_engine import cache_storage_dtype, default_cache_dtype
 
     config = tiny_config(vocab_size=61, eos_token_ids=(), dtype="bfloat16", qk_norm=True)
@@ -253,11 +255,12 @@ def test_bf16_cache_is_held_as_bit_patterns_on_cpu_with_identical_samples():
     outs = []
     for cache_dtype in (None, "float32"):
         eng = JaxGenerationEngine(config, params, pad_token_id=PAD, eos_token_ids=(), length_buckets=(8, 16),
-                                  batch_buckets=(4, 8), cache_dtype=cache_dtype)
+                                  batch_buckets=(4, 8), cache_dtype=cache_dtype, unroll_layers=False)
+        assert eng._cache_storage == ("uint16" if cache_dtype is None else "float32")
         outs.append(eng.generate(_prompts(), sp))
-    assert eng.cache_dtype == "float32" and eng._cache_storage == "float32"
     plain = JaxGenerationEngine(config, params, pad_token_id=PAD, eos_token_ids=(), length_buckets=(8, 16),
-                                batch_buckets=(4, 8), cache_as_bits=False)  # a real bf16 array, as on a GPU
+                                batch_buckets=(4, 8), cache_as_bits=False,
+                                unroll_layers=False)  # a real bf16 array, as on a GPU
     assert plain._cache_storage == "bfloat16"
     outs.append(plain.generate(_prompts(), sp))
     for other in outs[1:]:
@@ -267,16 +270,17 @@ def test_bf16_cache_is_held_as_bit_patterns_on_cpu_with_identical_samples():
 
 @pytest.mark.parametrize("qkv_bias", [False, True], ids=["llama", "qwen2 (biases)"])
 def test_bf16_decode_weights_cast_once_give_identical_samples(qkv_bias):
-    """On CPU the engine casts the float32 master weights to bf16 once per set_params, the stacked layers' as
-    uint16 bit patterns (`models.forward.decode_weights`: XLA:CPU would slice and convert them in every decode
-    step); the samples and log-probs equal those of the float32 weights cast inside the program, bit for bit."""
+    """On CPU the engine casts the float32 master weights to bf16 once per set_params; for the scanned layer loop the
+    stacked layers' as uint16 bit patterns (`models.forward.decode_weights`: XLA:CPU would slice and convert them
+    in every decode step); the samples and log-probs equal those of the float32 weights cast inside the program,
+    bit for bit."""
     config = tiny_config(vocab_size=61, eos_token_ids=(), dtype="bfloat16", qkv_bias=qkv_bias)
     params = random_params(config, seed=5)
     sp = SamplingParams(temperature=1.0, top_p=0.9, n=2, max_new_tokens=8, seed=6)
     outs = {}
     for cast in (None, False):
         eng = JaxGenerationEngine(config, params, pad_token_id=PAD, eos_token_ids=(), length_buckets=(8, 16),
-                                  batch_buckets=(4, 8), cast_weights=cast)
+                                  batch_buckets=(4, 8), cast_weights=cast, unroll_layers=False)
         outs[cast] = eng.generate(_prompts(), sp)
         layers = eng.params["model"]["layers"]
         kernels = {str(x.dtype) for x in jax.tree.leaves(layers["self_attn"]) + jax.tree.leaves(layers["mlp"])}
@@ -298,6 +302,69 @@ def test_bf16_decode_weights_cast_once_give_identical_samples(qkv_bias):
     a, _ = token_log_probs_and_entropy(eng_cast.params, config, ids, targets, mask)
     b, _ = token_log_probs_and_entropy(params, config, ids, targets, mask)
     assert np.array_equal(np.asarray(a), np.asarray(b))
+
+
+UNROLL_CASES = {
+    "float32": dict(),
+    "qwen3 (bias, qk-norm, tied)": dict(qkv_bias=True, qk_norm=True, tie_word_embeddings=True),
+    "gemma2 (windows, soft-caps)": dict(model_type="gemma2", hidden_act="gelu_pytorch_tanh", tie_word_embeddings=True,
+                                       sliding_window=4, layer_types=("sliding_attention", "full_attention"),
+                                       query_pre_attn_scalar=16.0, attn_logit_softcapping=50.0,
+                                       final_logit_softcapping=30.0),
+}
+
+
+@pytest.mark.parametrize("overrides", list(UNROLL_CASES.values()), ids=list(UNROLL_CASES))
+@pytest.mark.parametrize("n", [1, 3])
+def test_unrolled_layers_give_the_scanned_loops_samples(overrides, n):
+    """The CPU default: layers unrolled over per-layer weights and caches, each cache written before it is read
+    (float32 keys stored transposed). Samples and log-probs equal the scanned loop's over stacked weights and a
+    stacked cache (float32: the same tokens, log-probs to float32 summation order), with a shared prefill (n = 3)
+    too; ``params`` is the tree set, and the program slices no stacked weight."""
+    config = tiny_config(vocab_size=61, eos_token_ids=(), **overrides)
+    params = random_params(config, seed=8)
+    sp = SamplingParams(temperature=1.0, top_p=0.9, n=n, max_new_tokens=9, seed=2)
+    kwargs = dict(pad_token_id=PAD, eos_token_ids=(), length_buckets=(8, 16), batch_buckets=(4, 8, 16))
+    unrolled = JaxGenerationEngine(config, params, **kwargs)
+    scanned = JaxGenerationEngine(config, params, unroll_layers=False, **kwargs)
+    assert unrolled.unroll_layers and unrolled.keys_transposed and not scanned.unroll_layers
+    a, b = unrolled.generate(_prompts(lengths=(5, 3, 7)), sp), scanned.generate(_prompts(lengths=(5, 3, 7)), sp)
+    assert np.array_equal(a.response_ids, b.response_ids) and np.array_equal(a.response_mask, b.response_mask)
+    np.testing.assert_allclose(a.log_probs, b.log_probs, rtol=0, atol=2e-6)  # the products' summation order
+    for x, y in zip(jax.tree.leaves(unrolled.params), jax.tree.leaves(params)):
+        assert np.array_equal(np.asarray(x), np.asarray(y))
+    layer_shapes = {"f32[" + ",".join(map(str, shape)) + "]"  # one layer's weights, with or without a unit axis
+                    for x in jax.tree.leaves(params["model"]["layers"]) if x.ndim > 2
+                    for shape in (x.shape[1:], (1, *x.shape[1:]))}
+    assert _sliced_shapes(scanned, sp) & layer_shapes  # the scanned loop slices each layer's weights per step
+    assert not _sliced_shapes(unrolled, sp) & layer_shapes
+
+
+def _sliced_shapes(engine, sp):
+    """The result shapes of the ``dynamic-slice`` ops in the engine's compiled generate program."""
+    calls, program = [], engine._program
+    engine._program = lambda *args, **kw: calls.append((args, kw)) or program(*args, **kw)
+    engine.generate(_prompts(lengths=(5, 3, 7)), sp)
+    engine._program = program
+    hlo = program.lower(*calls[0][0], **calls[0][1]).compile().as_text()
+    return {m.group(1).split("{")[0] for m in re.finditer(r"= (\S+) dynamic-slice\(", hlo)}
+
+
+def test_unrolled_bf16_engine_log_probs_match_a_teacher_forced_forward():
+    """bf16 compute with the unrolled layers (a plain bf16 cache per layer): the sampler's log-probs are the
+    training forward's over the same tokens, to bf16 precision."""
+    config = tiny_config(vocab_size=61, eos_token_ids=(), dtype="bfloat16")
+    params = random_params(config, seed=9)
+    eng = JaxGenerationEngine(config, params, pad_token_id=PAD, eos_token_ids=(), length_buckets=(8, 16),
+                              batch_buckets=(4, 8))
+    assert eng.unroll_layers and eng._cache_storage == "bfloat16" and not eng.keys_transposed
+    out = eng.generate(_prompts(), SamplingParams(temperature=1.0, n=2, max_new_tokens=8, seed=3))
+    ids = np.concatenate([out.prompt_ids, out.response_ids], 1)
+    mask = np.concatenate([out.prompt_mask, out.response_mask], 1)
+    targets = np.concatenate([ids[:, 1:], np.zeros((ids.shape[0], 1), ids.dtype)], 1)
+    logp, _ = token_log_probs_and_entropy(params, config, jnp.asarray(ids), jnp.asarray(targets), jnp.asarray(mask))
+    p = out.prompt_ids.shape[1]
+    np.testing.assert_allclose(out.log_probs, np.asarray(logp)[:, p - 1:-1], atol=0.1)
 
 
 def test_first_argmax_is_argmax_with_ties_infinities_and_nans():

@@ -115,13 +115,18 @@ def cached_attention(q: Array, k: Array, v: Array, cache: dict[str, Array], atte
     batched matmuls on the cache's stored layout with float32 results (XLA:CPU runs exactly this form in
     its fast kernels: 0.16 / 0.14 ms against 0.34 / 1.17 ms for the 5-d contractions at a 64-row step of
     SmolLM2-135M). Masks: `split_attention_masks`."""
-    dt, (b, t, kv, g, d), cached_len = q.dtype, q.shape, cache["k"].shape[2]
-    cached_k, cached_v = (_as_compute(cache[name], dt) for name in ("k", "v"))
+    dt, (b, t, kv, g, d), cached_len = q.dtype, q.shape, cache["v"].shape[2]
     cached_mask, new_mask = split_attention_masks(attention_mask, cache_index, cached_len, t, window)
     scores = soft_cap(jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) * scale, softcap)
     scores = jnp.where(new_mask, scores, NEG_INF)
     rows = q.transpose(0, 2, 3, 1, 4).reshape(b, kv, g * t, d)  # [B, K, G*T, D]
-    cached_scores = jnp.einsum("bkmd,bksd->bkms", rows, cached_k, preferred_element_type=jnp.float32)
+    if "kt" in cache:  # keys stored transposed [B, K, D, S]: a plain (not transposed-operand) product
+        cached_scores = jnp.einsum("bkmd,bkds->bkms", rows, _as_compute(cache["kt"], dt),
+                                   preferred_element_type=jnp.float32)
+    else:
+        cached_scores = jnp.einsum("bkmd,bksd->bkms", rows, _as_compute(cache["k"], dt),
+                                   preferred_element_type=jnp.float32)
+    cached_v = _as_compute(cache["v"], dt)
     cached_scores = soft_cap(cached_scores.reshape(b, kv, g, t, cached_len) * scale, softcap)
     cached_scores = jnp.where(cached_mask, cached_scores, NEG_INF)
     probs = jax.nn.softmax(jnp.concatenate([cached_scores, scores], axis=-1), axis=-1).astype(dt)

@@ -182,7 +182,8 @@ class Attention(nn.Module):
     ``__call__`` returns ``(y, new_kv)``: ``new_kv`` holds this call's keys/values ``[B, T, kv_heads,
     head_dim]`` in the cache dtype (``None`` without a cache); the caller writes them into the cache.
     ``window`` is this layer's sliding window (a traced int, ``0`` = full attention; ``None`` when no layer
-    of the model slides).
+    of the model slides). ``store`` (a layer's own cache, `models.layer_unrolled`): the new keys/values are written
+    into ``layer_cache`` first and the updated cache is returned for ``new_kv`` (the same attention: slots masked).
     """
 
     config: DecoderConfig
@@ -191,7 +192,8 @@ class Attention(nn.Module):
 
     @nn.compact
     def __call__(self, x: Array, positions: Array, attention_mask: Array, cache_index: Array,
-                 layer_cache: KVCache | None, window: Array | None = None) -> tuple[Array, KVCache | None]:
+                 layer_cache: KVCache | None, window: Array | None = None,
+                 store: bool = False) -> tuple[Array, KVCache | None]:
         c = self.config
         dt, pdt = _dtype(c.dtype), _dtype(c.param_dtype)
         h, k, d, e = c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.hidden_size
@@ -215,10 +217,12 @@ class Attention(nn.Module):
 
         new_kv = None
         if layer_cache is not None:  # round the new keys/values to the cache dtype, as a cache read would
-            stored = layer_cache["k"].dtype
+            stored = layer_cache["v"].dtype
             kk = kk.astype(dt if stored == jnp.uint16 else stored)
             v = v.astype(kk.dtype)
             new_kv = {"k": kk, "v": v}
+            if store:  # written first, then read: the attention below reads the updated cache (slot index masked)
+                layer_cache = new_kv = write_kv_cache(layer_cache, new_kv, cache_index)
             kk, v = kk.astype(dt), v.astype(dt)
 
         # the attention layout: whole sequence, heads split (an all-to-all where ``length`` was split)
@@ -234,7 +238,7 @@ class Attention(nn.Module):
 
         b, t = x.shape[0], x.shape[1]
         qg = q.reshape(b, t, k, h // k, d)
-        if layer_cache is not None and layer_cache["k"].shape[2]:  # decode / chunked prefill: eager over the cache
+        if layer_cache is not None and layer_cache["v"].shape[2]:  # decode / chunked prefill: eager over the cache
             out = cached_attention(qg, kk, v, layer_cache, attention_mask, cache_index, c.attention_scale, window,
                                    c.attn_logit_softcapping)
         else:  # training, log-probs, prefill: the configured implementation, segment ids = this call's mask
@@ -283,13 +287,14 @@ class DecoderLayer(nn.Module):
 
     @nn.compact
     def __call__(self, x: Array, positions: Array, attention_mask: Array, cache_index: Array,
-                 layer_cache: KVCache | None, window: Array | None = None) -> tuple[Array, KVCache | None]:
+                 layer_cache: KVCache | None, window: Array | None = None,
+                 store: bool = False) -> tuple[Array, KVCache | None]:
         """Returns ``(hidden, new_kv)``; ``new_kv`` as in ``Attention`` (scanned: stacked over layers)."""
         c = self.config
         x = constrain(x, ("batch", "length", "embed"), self.mesh, self.rules)
         h = make_norm(c, "input_layernorm")(x)
         attn, new_kv = Attention(c, self.mesh, self.rules, name="self_attn")(
-            h, positions, attention_mask, cache_index, layer_cache, window)
+            h, positions, attention_mask, cache_index, layer_cache, window, store)
         if c.is_gemma:
             x = x + make_norm(c, "post_attention_layernorm")(attn)
             h = checkpoint_name(make_norm(c, "pre_feedforward_layernorm")(x), "mlp_in")
@@ -367,14 +372,17 @@ class Decoder(nn.Module):
                                  f"{input_ids.shape[1]} new tokens after a full cache)")
             if isinstance(cache_index, int) and cache_index == 0:
                 cache = jax.tree.map(lambda a: a[:, :, :, :0], cache)
+        x = self.embed(input_ids)
+        windows = None if self.config.layer_windows is None else jnp.asarray(self.config.layer_windows, jnp.int32)
+        x, new_kv = self.layers(x, positions, attention_mask, jnp.asarray(cache_index, jnp.int32), cache, windows)
+        return self.norm(x), new_kv
+
+    def embed(self, input_ids: Array) -> Array:
+        """The token embeddings ``[B, T, embed]`` the first layer reads (Gemma: scaled by ``sqrt(hidden)``)."""
         x = self.embed_tokens(input_ids)
         if self.config.is_gemma:  # Gemma: embedding * sqrt(hidden), the factor rounded to the compute dtype
             x = x * jnp.asarray(self.config.hidden_size ** 0.5, x.dtype)
-        x = constrain(x, ("batch", "length", "embed"), self.mesh, self.rules)
-        windows = self.config.layer_windows
-        windows = None if windows is None else jnp.asarray(windows, jnp.int32)
-        x, new_kv = self.layers(x, positions, attention_mask, jnp.asarray(cache_index, jnp.int32), cache, windows)
-        return self.norm(x), new_kv
+        return constrain(x, ("batch", "length", "embed"), self.mesh, self.rules)
 
     def attend(self, hidden: Array) -> Array:
         """Tied LM head: ``hidden @ embedding.T`` as float32 logits, 16-bit operands accumulated in float32.
@@ -435,15 +443,16 @@ def default_positions(attention_mask: Array) -> Array:
 
 
 def write_kv_cache(cache: KVCache, new_kv: KVCache, cache_index: Array | int) -> KVCache:
-    """Store ``new_kv [layers, B, T, kv_heads, head_dim]`` at slots ``cache_index .. cache_index + T - 1``.
-
-    One ``dynamic_update_slice`` per tensor: in place when ``cache`` is a loop carry or donated.
-    """
-    zero = jnp.zeros((), jnp.int32)
-    idx = (zero, zero, zero, jnp.asarray(cache_index, jnp.int32), zero)
-    return {name: jax.lax.dynamic_update_slice(cache[name], to_stored(new_kv[name].swapaxes(2, 3),
-                                                                      cache[name].dtype), idx)
-            for name in ("k", "v")}
+    """Store ``new_kv [layers, B, T, kv_heads, head_dim]`` at slots ``cache_index .. cache_index + T - 1`` (or one
+    layer's ``[B, T, ...]``). One ``dynamic_update_slice`` per tensor: in place on a loop carry or donated cache."""
+    zero, index = jnp.zeros((), jnp.int32), jnp.asarray(cache_index, jnp.int32)
+    lead = (zero,) * (cache["v"].ndim - 2)
+    store = lambda name, x, at: jax.lax.dynamic_update_slice(  # noqa: E731
+        cache[name], to_stored(x, cache[name].dtype), lead + at)
+    if "kt" in cache:  # keys stored transposed, [B, kv_heads, head_dim, cache_len] (`attention.cached_attention`)
+        return {"kt": store("kt", jnp.moveaxis(new_kv["k"], -3, -1), (zero, index)),
+                "v": store("v", new_kv["v"].swapaxes(-3, -2), (index, zero))}
+    return {name: store(name, new_kv[name].swapaxes(-3, -2), (index, zero)) for name in ("k", "v")}
 
 
 def init_kv_cache(config: DecoderConfig, batch: int, cache_len: int, dtype: Any = None) -> KVCache:

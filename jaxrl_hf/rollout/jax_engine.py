@@ -27,7 +27,8 @@ import numpy as np
 
 from jaxrl_hf.mesh.rules import logical_to_spec
 from jaxrl_hf.models.config import DecoderConfig
-from jaxrl_hf.models.forward import decode_weights, make_module, param_shardings
+from jaxrl_hf.models import layer_unrolled
+from jaxrl_hf.models.forward import compute_dtype_weights, decode_weights, make_module, param_shardings
 from jaxrl_hf.models.llama import (KV_CACHE_LOGICAL_AXES, CausalLM, default_positions, init_kv_cache,
                                    write_kv_cache)
 from jaxrl_hf.rollout import multiprocess as mp
@@ -69,22 +70,58 @@ def _constrain(module: CausalLM, x: jnp.ndarray, names: tuple) -> jnp.ndarray:
     return jax.lax.with_sharding_constraint(x, jax.sharding.NamedSharding(module.mesh, spec))
 
 
+def _constrain_layer_cache(module: CausalLM, cache: dict) -> dict:
+    """One layer's cache constrained to its logical axes (keys stored transposed: ``kt``)."""
+    axes = KV_CACHE_LOGICAL_AXES[1:]
+    return {name: _constrain(module, a, axes[:2] + axes[:1:-1] if name == "kt" else axes)
+            for name, a in cache.items()}
+
+
 def _store_kv(module: CausalLM, cache: dict, new_kv: dict, index: Any) -> dict:
     """Write a step's new keys/values into the cache at slot ``index`` (one update per tensor, in place on a
     loop-carried or donated cache; the layer scan itself only reads the cache)."""
     return jax.tree.map(lambda c: _constrain(module, c, KV_CACHE_LOGICAL_AXES), write_kv_cache(cache, new_kv, index))
 
 
-def decode_step(params: Any, cache: dict, full_mask: jnp.ndarray, tokens: jnp.ndarray, positions: jnp.ndarray,
-                index: Any, *, module: CausalLM) -> tuple[jnp.ndarray, dict]:
+def decode_step(params: Any, cache: Any, full_mask: jnp.ndarray, tokens: jnp.ndarray, positions: jnp.ndarray,
+                index: Any, *, module: CausalLM) -> tuple[jnp.ndarray, Any]:
     """One decode step: ``tokens [B]`` at ``positions [B]`` go into cache slot ``index``; returns the next-token
     logits ``[B, vocab]`` (float32) and the updated cache. ``full_mask [B, S]`` marks the valid cache slots
-    (prompt mask, then ones for the generated slots). The body of the engine's decode loop."""
-    variables = {"params": params}
-    hidden, new_kv = module.apply(variables, tokens[:, None], positions[:, None], full_mask, cache, index,
+    (prompt mask, then ones for the generated slots). The body of the engine's decode loop.
+
+    ``params`` / ``cache`` are a `CausalLM` tree and a stacked cache, or `layer_unrolled.split_layers` weights and
+    per-layer caches (a tuple: the layers unrolled, each cache written in place before it is read)."""
+    if isinstance(cache, tuple):
+        hidden, cache = layer_unrolled.hidden_states(module, params, tokens[:, None], positions[:, None], full_mask,
+                                                     cache, index, store=True)
+        cache = tuple(_constrain_layer_cache(module, c) for c in cache)
+        return _logits(module, params[0], hidden)[:, 0], cache
+    hidden, new_kv = module.apply({"params": params}, tokens[:, None], positions[:, None], full_mask, cache, index,
                                   method=CausalLM.hidden_states_and_new_kv)
     cache = _store_kv(module, cache, new_kv, index)
-    return module.apply(variables, hidden, method=CausalLM.logits_from_hidden)[:, 0], cache
+    return _logits(module, params, hidden)[:, 0], cache
+
+
+def _logits(module: CausalLM, params: Any, hidden: jnp.ndarray) -> jnp.ndarray:
+    return module.apply({"params": params}, hidden, method=CausalLM.logits_from_hidden)
+
+
+def _prefill(params: Any, cache: Any, ids: jnp.ndarray, mask: jnp.ndarray, full_mask: jnp.ndarray, *,
+             module: CausalLM, config: DecoderConfig, share: int, batch: int) -> tuple[jnp.ndarray, Any]:
+    """The prompts' last hidden states' logits ``[rows, vocab]`` and ``cache`` with their keys/values written at
+    slot 0, each prompt's copied to its ``share`` rows (``cache`` stacked, or per layer with unrolled weights)."""
+    positions = default_positions(mask)
+    repeat = lambda kv: jax.tree.map(lambda a: _repeat_rows(a, share, batch, axis=a.ndim - 4), kv)  # noqa: E731
+    if isinstance(cache, tuple):
+        hidden, new_kv = layer_unrolled.hidden_states(module, params, ids, positions, full_mask, cache, 0,
+                                                      store=False)
+        cache = tuple(_constrain_layer_cache(module, write_kv_cache(c, repeat(kv), 0)) for c, kv in zip(cache, new_kv))
+        return _logits(module, params[0], hidden[:, -1:])[:, 0], cache
+    prefill_cache = cache if share == 1 else init_kv_cache(config, ids.shape[0], cache["k"].shape[3],
+                                                          cache["k"].dtype)
+    hidden, new_kv = module.apply({"params": params}, ids, positions, full_mask, prefill_cache, 0,
+                                  method=CausalLM.hidden_states_and_new_kv)
+    return _logits(module, params, hidden[:, -1:])[:, 0], _store_kv(module, cache, repeat(new_kv), 0)
 
 
 def _repeat_rows(x: jnp.ndarray, share: int, rows: int, axis: int = 0) -> jnp.ndarray:
@@ -98,25 +135,25 @@ def _generate_program(params: Any, prompt_ids: jnp.ndarray, prompt_mask: jnp.nda
                       row_keys: jax.Array, temperature: jnp.ndarray, top_p: jnp.ndarray, *, module: CausalLM,
                       config: DecoderConfig, max_new: int, top_k: int, use_top_p: bool, greedy: bool,
                       logprobs_mode: str, stop_ids: tuple[int, ...], pad_id: int, cache_dtype: str,
-                      share: int = 1) -> tuple:
+                      share: int = 1, unrolled: bool = False, keys_transposed: bool = False) -> tuple:
     """Prefill + decode loop (pure; jitted by the engine). Returns (tokens, mask, logprobs, stopped).
 
     ``share`` > 1: ``prompt_ids`` holds each prompt once and the ``row_valid.shape[0]`` rows are its ``share``
     samples in a row; the prompt is prefilled once and its keys/values and first-token logits are copied to its
-    samples (the n samples of a prompt share one prefill, as vLLM's prefix cache does)."""
+    samples (the n samples of a prompt share one prefill, as vLLM's prefix cache does). ``unrolled``: ``params``
+    are `layer_unrolled.split_layers` weights and the cache is one array pair per layer."""
     batch, prompt_len = row_valid.shape[0], prompt_ids.shape[1]
-    cache = init_kv_cache(config, batch, prompt_len + max_new, cache_dtype)
-    cache = jax.tree.map(lambda c: _constrain(module, c, KV_CACHE_LOGICAL_AXES), cache)
-    variables = {"params": params}
+    if unrolled:
+        cache = layer_unrolled.init_layer_caches(config, batch, prompt_len + max_new, cache_dtype, keys_transposed)
+        cache = tuple(_constrain_layer_cache(module, c) for c in cache)
+    else:
+        cache = init_kv_cache(config, batch, prompt_len + max_new, cache_dtype)
+        cache = jax.tree.map(lambda c: _constrain(module, c, KV_CACHE_LOGICAL_AXES), cache)
     prompt_rows = prompt_ids.shape[0]
     prefill_mask = jnp.concatenate([prompt_mask.astype(jnp.int32), jnp.ones((prompt_rows, max_new), jnp.int32)],
                                    axis=1)
-    prefill_cache = cache if share == 1 else init_kv_cache(config, prompt_rows, prompt_len + max_new, cache_dtype)
-    hidden, new_kv = module.apply(variables, prompt_ids, default_positions(prompt_mask), prefill_mask,
-                                  prefill_cache, 0, method=CausalLM.hidden_states_and_new_kv)
-    new_kv = jax.tree.map(lambda kv: _repeat_rows(kv, share, batch, axis=1), new_kv)
-    cache = _store_kv(module, cache, new_kv, 0)
-    logits = module.apply(variables, hidden[:, -1:], method=CausalLM.logits_from_hidden)[:, 0]
+    logits, cache = _prefill(params, cache, prompt_ids, prompt_mask, prefill_mask, module=module, config=config,
+                             share=share, batch=batch)
     logits = _repeat_rows(logits, share, batch)
     full_mask = _repeat_rows(prefill_mask, share, batch)
     positions = default_positions(_repeat_rows(prompt_mask, share, batch))
@@ -167,7 +204,8 @@ class JaxGenerationEngine:
                  eos_token_ids: Sequence[int] = (), mesh: jax.sharding.Mesh | None = None, rules: Any = None,
                  length_buckets: Sequence[int] = DEFAULT_LENGTH_BUCKETS,
                  batch_buckets: Sequence[int] = DEFAULT_BATCH_BUCKETS, cache_dtype: str | None = None,
-                 cast_weights: bool | None = None, cache_as_bits: bool | None = None) -> None:
+                 cast_weights: bool | None = None, cache_as_bits: bool | None = None,
+                 unroll_layers: bool | None = None) -> None:
         if (mesh is None) != (rules is None):
             raise ValueError("JaxGenerationEngine: pass both mesh and rules, or neither")
         # Decoding keeps the layer loop whatever model.scan_layers says for training: an unrolled f32 decode
@@ -180,13 +218,22 @@ class JaxGenerationEngine:
         self.length_buckets = tuple(sorted(length_buckets))
         self.batch_buckets = tuple(sorted(batch_buckets))
         self.cache_dtype = cache_dtype or default_cache_dtype(config)
-        as_bits = _on_cpu(mesh) if cache_as_bits is None else bool(cache_as_bits)
+        # XLA:CPU copies each layer's weights and cache slots out of stacked arrays at every decode step: on CPUs
+        # the layers are unrolled over per-layer weights and caches (`jaxrl_hf.models.layer_unrolled`).
+        self.unroll_layers = _on_cpu(mesh) if unroll_layers is None else bool(unroll_layers)
+        as_bits = _on_cpu(mesh) and not self.unroll_layers if cache_as_bits is None else bool(cache_as_bits)
+        # float32 keys stored transposed: XLA:CPU's float32 q·kᵀ product over a [slots, head_dim] operand ran
+        # 2-3x slower than q·k over [head_dim, slots]; a 16-bit cache's transposed write costs more than it saves
         self._cache_storage = cache_storage_dtype(self.cache_dtype, config, as_bits)
-        # XLA:CPU slices and converts each layer's float32 master weights to the compute dtype in every decode
-        # step; `decode_weights` casts them once per set_params, in a form the loop slices natively. A second
-        # copy of the weights: on by default where that is host memory.
+        self.keys_transposed = self.unroll_layers and jnp.dtype(self._cache_storage).itemsize == 4
+        # The weights in the compute dtype once per set_params (XLA:CPU would convert them in every decode step),
+        # for a stacked loop in a form it slices natively (`decode_weights`). A second copy of the weights: on by
+        # default where that is host memory.
         self.cast_weights = _on_cpu(mesh) if cast_weights is None else bool(cast_weights)
-        self._cast = jax.jit(partial(decode_weights, config=config))
+        cast = compute_dtype_weights if self.unroll_layers else decode_weights
+        self._cast = jax.jit(partial(cast, config=config))
+        self._split = jax.jit(partial(layer_unrolled.split_layers, num_layers=config.num_hidden_layers))
+        self._stack = jax.jit(layer_unrolled.stack_layers)
         self._module = make_module(config, mesh, self.rules)
         self._batch_multiple = 1
         if mesh is not None:
@@ -197,7 +244,7 @@ class JaxGenerationEngine:
             return _generate_program(*args, **kwargs)
 
         statics = ("module", "config", "max_new", "top_k", "use_top_p", "greedy", "logprobs_mode", "stop_ids",
-                   "pad_id", "cache_dtype", "share")
+                   "pad_id", "cache_dtype", "share", "unrolled", "keys_transposed")
         self._program = jax.jit(program, static_argnames=statics)
 
         def keyed_program(params: Any, ids: Any, mask: Any, valid: Any, key_data: Any, *args: Any,
@@ -209,7 +256,7 @@ class JaxGenerationEngine:
         # several processes: this process's (rank, size) row group for every ``generate`` (None: by its batch
         # shards); the actor sets it once (its dp coordinates), so rollout loops call ``generate(prompts, sampling)``
         self.row_group: tuple[int, int] | None = None
-        self.params = None
+        self._params = None
         self.set_params(params)
 
     # ------------------------------------------------------------------------------------------
@@ -217,7 +264,24 @@ class JaxGenerationEngine:
         """Replace the weights (e.g. after a training step); placed on the mesh when one is set."""
         if self.mesh is not None:
             params = jax.device_put(params, param_shardings(self.config, self.mesh, self.rules))
-        self.params = self._cast(params) if self.cast_weights else params
+        params = self._cast(params) if self.cast_weights else params
+        self._params = self._split(params) if self.unroll_layers else params
+
+    @property
+    def params(self) -> Any:
+        """The weights as a `CausalLM` tree (per-layer weights held by an unrolled engine are stacked anew)."""
+        return self._stack(self._params) if isinstance(self._params, tuple) else self._params
+
+    @params.setter
+    def params(self, value: Any) -> None:  # a tree laid out by the caller (a hybrid layout's actor), or None
+        self._params = value
+
+    def _program_params(self) -> Any:
+        """The weights in the program's form: split per layer when unrolled (a tree assigned to ``params`` is
+        split at each call)."""
+        if self.unroll_layers and not isinstance(self._params, tuple):
+            return self._split(self._params)
+        return self._params
 
     @property
     def num_compilations(self) -> int:
@@ -263,11 +327,12 @@ class JaxGenerationEngine:
         row_keys = jax.vmap(jax.random.fold_in, (None, 0))(base, jnp.arange(batch))
         stop_ids, temperature = self._stop_ids(sampling), self._temperature(sampling)
         tokens, out_mask, logp, stopped = self._program(
-            self.params, self._place_batch(ids_b), self._place_batch(mask_b), self._place_batch(valid),
+            self._program_params(), self._place_batch(ids_b), self._place_batch(mask_b), self._place_batch(valid),
             row_keys, jnp.float32(temperature), jnp.float32(sampling.top_p), module=self._module,
             config=self.config, max_new=int(sampling.max_new_tokens), top_k=int(sampling.top_k),
             use_top_p=sampling.top_p < 1.0, greedy=sampling.is_greedy, logprobs_mode=sampling.logprobs_mode,
-            stop_ids=stop_ids, pad_id=self.pad_token_id, cache_dtype=self._cache_storage, share=share)
+            stop_ids=stop_ids, pad_id=self.pad_token_id, cache_dtype=self._cache_storage, share=share,
+            unrolled=self.unroll_layers, keys_transposed=self.keys_transposed)
         tokens, out_mask, logp, stopped = jax.device_get((tokens, out_mask, logp, stopped))
         return GenerationOutput(
             prompt_ids=ids, prompt_mask=mask, response_ids=np.asarray(tokens[:rows]),
@@ -322,11 +387,13 @@ class JaxGenerationEngine:
         global_rows = plan.num_groups * local_batch
         place = lambda x: self._place_local(x, global_rows)  # noqa: E731
         out = self._keyed_program(
-            self.params, place(ids_b), place(mask_b), place(valid), place(np.asarray(jax.random.key_data(keys))),
+            self._program_params(), place(ids_b), place(mask_b), place(valid),
+            place(np.asarray(jax.random.key_data(keys))),
             np.float32(self._temperature(sampling)), np.float32(sampling.top_p), module=self._module,
             config=self.config, max_new=int(sampling.max_new_tokens), top_k=int(sampling.top_k),
             use_top_p=sampling.top_p < 1.0, greedy=sampling.is_greedy, logprobs_mode=sampling.logprobs_mode,
-            stop_ids=self._stop_ids(sampling), pad_id=self.pad_token_id, cache_dtype=self._cache_storage)
+            stop_ids=self._stop_ids(sampling), pad_id=self.pad_token_id, cache_dtype=self._cache_storage,
+            unrolled=self.unroll_layers, keys_transposed=self.keys_transposed)
         tokens, out_mask, logp, stopped = (mp.local_rows(x)[:rows] for x in out)
         return GenerationOutput(
             prompt_ids=ids, prompt_mask=mask, response_ids=tokens.astype(np.int32),

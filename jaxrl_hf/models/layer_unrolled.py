@@ -1,0 +1,76 @@
+"""The decoder with its layers unrolled over per-layer weights and per-layer KV caches (the CPU decode loop).
+
+`CausalLM` scans its layers over stacked weights and a stacked ``[layers, ...]`` KV cache. Inside a decode loop,
+XLA:CPU copies every layer's weights and cache slots out of the stacked arrays at every step (a ``dynamic-slice``
+is a copy there, not a view): at 64 rows × 168 slots of SmolLM2-135M about a fifth of a float32 decode step. Here
+each layer reads its own arrays, which need no slicing:
+
+* `split_layers` turns a `CausalLM` param tree into ``(rest, layers)``: the tree without ``model/layers`` and a
+  tuple of per-layer trees (the same leaves as the stacked tree's ``[i]``);
+* `init_layer_caches` gives one ``{"k", "v"}: [batch, kv_heads, cache_len, head_dim]`` cache per layer;
+* `hidden_states` runs embedding, layers and final norm. With ``store`` each layer writes its new keys/values
+  into its own cache *before* reading it (``DecoderLayer(store=True)``), so the read depends on the write and
+  XLA updates the loop-carried cache in place (read first and written after, as the scan does, the two are
+  unordered and XLA copies every layer's cache twice per step).
+
+The numbers are those of the scanned decoder: the same layer module, the same masked slots, the same rounding
+of the new keys/values (`tests/test_rollout_engine.py`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jaxrl_hf.models.config import DecoderConfig
+from jaxrl_hf.models.llama import CausalLM, DecoderLayer, KVCache
+
+Params = Any
+
+
+def split_layers(params: Params, num_layers: int) -> tuple[Params, tuple[Params, ...]]:
+    """``(rest, layers)``: the tree without ``model/layers``, and layer ``i``'s weights for each ``i``."""
+    stacked = params["model"]["layers"]
+    rest = {**params, "model": {k: v for k, v in params["model"].items() if k != "layers"}}
+    return rest, tuple(jax.tree.map(lambda leaf, i=i: leaf[i], stacked) for i in range(num_layers))
+
+
+def stack_layers(split: tuple[Params, tuple[Params, ...]]) -> Params:
+    """The `CausalLM` tree again (`split_layers` inverted)."""
+    rest, layers = split
+    return {**rest, "model": {**rest["model"], "layers": jax.tree.map(lambda *a: jnp.stack(a), *layers)}}
+
+
+def init_layer_caches(config: DecoderConfig, batch: int, cache_len: int, dtype: Any,
+                      keys_transposed: bool = False) -> tuple[KVCache, ...]:
+    """Zeroed ``{"k", "v"}: [batch, kv_heads, cache_len, head_dim]`` caches, one per layer; ``keys_transposed``:
+    ``{"kt": [batch, kv_heads, head_dim, cache_len], "v"}``."""
+    shape = (batch, config.num_key_value_heads, cache_len, config.head_dim)
+    k_shape = (*shape[:2], shape[3], shape[2]) if keys_transposed else shape
+    return tuple({"kt" if keys_transposed else "k": jnp.zeros(k_shape, dtype), "v": jnp.zeros(shape, dtype)}
+                 for _ in range(config.num_hidden_layers))
+
+
+def hidden_states(module: CausalLM, params: tuple[Params, tuple[Params, ...]], input_ids: jnp.ndarray,
+                  positions: jnp.ndarray, attention_mask: jnp.ndarray, caches: tuple[KVCache, ...],
+                  cache_index: jnp.ndarray | int, store: bool) -> tuple[jnp.ndarray, tuple[KVCache, ...]]:
+    """``(hidden [B, T, embed], per-layer results)`` of `CausalLM.hidden_states_and_new_kv` over ``split_layers``
+    weights: with ``store``, each layer's cache with this call's keys/values written at ``cache_index``; without,
+    each layer's new keys/values ``[B, T, kv_heads, head_dim]`` (a Python-int ``cache_index`` 0 reads no slot)."""
+    rest, layers = params
+    config = module.config
+    x = module.apply({"params": rest}, input_ids, method=lambda m, ids: m.model.embed(ids))
+    if isinstance(cache_index, int) and cache_index == 0 and not store:
+        caches = tuple({name: a[..., :0] if name == "kt" else a[:, :, :0] for name, a in cache.items()}
+                       for cache in caches)
+    index = jnp.asarray(cache_index, jnp.int32)
+    layer = DecoderLayer(config, module.mesh, module.rules)
+    windows = config.layer_windows
+    outs = []
+    for i, (weights, cache) in enumerate(zip(layers, caches)):
+        window = None if windows is None else jnp.int32(windows[i])
+        x, out = layer.apply({"params": weights}, x, positions, attention_mask, index, cache, window, store)
+        outs.append(out)
+    return module.apply({"params": rest}, x, method=lambda m, h: m.model.norm(h)), tuple(outs)
