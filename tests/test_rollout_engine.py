@@ -317,8 +317,8 @@ UNROLL_CASES = {
 @pytest.mark.parametrize("overrides", list(UNROLL_CASES.values()), ids=list(UNROLL_CASES))
 @pytest.mark.parametrize("n", [1, 3])
 def test_unrolled_layers_give_the_scanned_loops_samples(overrides, n):
-    """The CPU default: layers unrolled over per-layer weights and caches, each cache written before it is read
-    (float32 keys stored transposed). Samples and log-probs equal the scanned loop's over stacked weights and a
+    """The CPU default for a float32 cache: layers unrolled over per-layer weights and caches, each cache written
+    before it is read (keys stored transposed). Samples and log-probs equal the scanned loop's over stacked weights and a
     stacked cache (float32: the same tokens, log-probs to float32 summation order), with a shared prefill (n = 3)
     too; ``params`` is the tree set, and the program slices no stacked weight."""
     config = tiny_config(vocab_size=61, eos_token_ids=(), **overrides)
@@ -351,12 +351,13 @@ def _sliced_shapes(engine, sp):
 
 
 def test_unrolled_bf16_engine_log_probs_match_a_teacher_forced_forward():
-    """bf16 compute with the unrolled layers (a plain bf16 cache per layer): the sampler's log-probs are the
-    training forward's over the same tokens, to bf16 precision."""
+    """bf16 compute with the unrolled layers (not the CPU default there; a plain bf16 cache per layer): the
+    sampler's log-probs are the training forward's over the same tokens, to bf16 precision."""
     config = tiny_config(vocab_size=61, eos_token_ids=(), dtype="bfloat16")
     params = random_params(config, seed=9)
+    assert not JaxGenerationEngine(config, params, pad_token_id=PAD).unroll_layers
     eng = JaxGenerationEngine(config, params, pad_token_id=PAD, eos_token_ids=(), length_buckets=(8, 16),
-                              batch_buckets=(4, 8))
+                              batch_buckets=(4, 8), unroll_layers=True)
     assert eng.unroll_layers and eng._cache_storage == "bfloat16" and not eng.keys_transposed
     out = eng.generate(_prompts(), SamplingParams(temperature=1.0, n=2, max_new_tokens=8, seed=3))
     ids = np.concatenate([out.prompt_ids, out.response_ids], 1)

@@ -219,12 +219,16 @@ class JaxGenerationEngine:
         self.batch_buckets = tuple(sorted(batch_buckets))
         self.cache_dtype = cache_dtype or default_cache_dtype(config)
         # XLA:CPU copies each layer's weights and cache slots out of stacked arrays at every decode step: on CPUs
-        # the layers are unrolled over per-layer weights and caches (`jaxrl_hf.models.layer_unrolled`).
-        self.unroll_layers = _on_cpu(mesh) if unroll_layers is None else bool(unroll_layers)
+        # a float32 cache's layers are unrolled over per-layer weights and caches (`models.layer_unrolled`; 1.27x
+        # tokens/s at 64 x 128). A 16-bit cache has no in-place write there (each per-layer write converts the
+        # whole cache): bf16 stays scanned over its bit patterns (unrolled 0.93-0.97x at 32 new tokens, 1.1x at
+        # 128; launch/bench/bench_decode_layers.py).
+        wide = jnp.dtype(self.cache_dtype).itemsize == 4
+        self.unroll_layers = _on_cpu(mesh) and wide if unroll_layers is None else bool(unroll_layers)
         as_bits = _on_cpu(mesh) and not self.unroll_layers if cache_as_bits is None else bool(cache_as_bits)
+        self._cache_storage = cache_storage_dtype(self.cache_dtype, config, as_bits)
         # float32 keys stored transposed: XLA:CPU's float32 q·kᵀ product over a [slots, head_dim] operand ran
         # 2-3x slower than q·k over [head_dim, slots]; a 16-bit cache's transposed write costs more than it saves
-        self._cache_storage = cache_storage_dtype(self.cache_dtype, config, as_bits)
         self.keys_transposed = self.unroll_layers and jnp.dtype(self._cache_storage).itemsize == 4
         # The weights in the compute dtype once per set_params (XLA:CPU would convert them in every decode step),
         # for a stacked loop in a form it slices natively (`decode_weights`). A second copy of the weights: on by

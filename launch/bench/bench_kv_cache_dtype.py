@@ -1,5 +1,5 @@
-"""Native generation with bf16 compute: the KV cache as bf16 bit patterns (the CPU default), as a plain bf16
-array, and as float32, in the same process.
+"""Native generation with bf16 compute and the scanned layer loop: its stacked KV cache as bf16 bit patterns (that
+loop's CPU default), as a plain bf16 array, and as float32, in the same process.
 
     python launch/bench/bench_kv_cache_dtype.py [--batches 32,64] [--max-new 96] [--repeats 3] [--json OUT]
 
@@ -36,35 +36,47 @@ from jaxrl_hf.rollout import JaxGenerationEngine, SamplingParams  # noqa: E402
 
 QUESTIONS = ["What is 7+5?", "Name three colors.", "Write a haiku about rain.", "Count from 1 to 10.",
              "Explain what a prime number is.", "What is the capital of France?"]
-VARIANTS = {"bf16-bits": {"cache_as_bits": True}, "bf16": {"cache_as_bits": False},
-            "float32": {"cache_dtype": "float32"}}
+# the scanned layer loop over a stacked cache (the unrolled loop's per-layer caches: bench_decode_layers.py)
+VARIANTS = {"bf16-bits": {"cache_as_bits": True, "unroll_layers": False},
+            "bf16": {"cache_as_bits": False, "unroll_layers": False},
+            "float32": {"cache_dtype": "float32", "unroll_layers": False}}
 
 
-def bench_batch(lm, batch: int, max_new: int, repeats: int) -> dict:
-    """Every cache variant at one batch size: compile, check equal outputs, then alternate timed calls."""
+def alternate_engines(lm, batch: int, max_new: int, repeats: int, variants: dict) -> tuple[dict, dict]:
+    """One engine per ``variants`` entry (name -> `JaxGenerationEngine` options) over ``batch`` chat prompts, greedy
+    ``max_new`` tokens: each compiled by a first call, then timed calls alternating ``repeats`` times. Returns the
+    first calls' outputs and a row: per engine its seconds and best / median tokens/s."""
     tok = lm.tokenizer
     prompts = [list(tok.apply_chat_template([{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}],
                                             add_generation_prompt=True, tokenize=True)) for i in range(batch)]
     sp = SamplingParams(greedy=True, max_new_tokens=max_new)
     engines = {name: JaxGenerationEngine(lm.config, lm.params, pad_token_id=tok.pad_token_id, eos_token_ids=(),
-                                         **options) for name, options in VARIANTS.items()}
+                                         **options) for name, options in variants.items()}
     first = {name: e.generate(prompts, sp) for name, e in engines.items()}
-    a = first["bf16-bits"]
-    for name, b in first.items():
-        if not (np.array_equal(a.response_ids, b.response_ids) and np.array_equal(a.log_probs, b.log_probs)):
-            raise RuntimeError(f"batch {batch}: the {name} and bf16-bits caches generated different tokens or "
-                               "log-probs")
-    seconds: dict[str, list[float]] = {name: [] for name in VARIANTS}
+    seconds: dict[str, list[float]] = {name: [] for name in variants}
     for _ in range(repeats):
         for name, engine in engines.items():
             t = time.perf_counter()
             engine.generate(prompts, sp)
             seconds[name].append(time.perf_counter() - t)
     tokens = batch * max_new
-    row = {"batch": batch, "max_new": max_new, "prompt_len": int(a.prompt_ids.shape[1]), "seconds": seconds}
-    for name in VARIANTS:
+    row = {"batch": batch, "max_new": max_new, "prompt_len": int(next(iter(first.values())).prompt_ids.shape[1]),
+           "seconds": seconds}
+    for name in variants:
         row[f"{name}_tok_per_s_best"] = tokens / min(seconds[name])
         row[f"{name}_tok_per_s_median"] = tokens / statistics.median(seconds[name])
+    return first, row
+
+
+def bench_batch(lm, batch: int, max_new: int, repeats: int) -> dict:
+    """Every cache variant at one batch size: compile, check equal outputs, then alternate timed calls."""
+    first, row = alternate_engines(lm, batch, max_new, repeats, VARIANTS)
+    a = first["bf16-bits"]
+    for name, b in first.items():
+        if not (np.array_equal(a.response_ids, b.response_ids) and np.array_equal(a.log_probs, b.log_probs)):
+            raise RuntimeError(f"batch {batch}: the {name} and bf16-bits caches generated different tokens or "
+                               "log-probs")
+    seconds = row["seconds"]
     for name in ("bf16", "float32"):
         row[f"bits_over_{name}_median"] = statistics.median(seconds[name]) / statistics.median(seconds["bf16-bits"])
     return row
