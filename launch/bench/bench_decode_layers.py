@@ -20,19 +20,16 @@ keys/values into its cache before reading it, so the loop-carried cache is updat
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from jaxrl_hf.models import load_pretrained  # noqa: E402
-from bench_kv_cache_dtype import alternate_engines  # noqa: E402
+from bench_kv_cache_dtype import alternate_engines, machine_line, speed_cells, write_rows  # noqa: E402
 
 VARIANTS = {"scanned": {"unroll_layers": False}, "unrolled": {"unroll_layers": True}}
 
@@ -65,20 +62,14 @@ def main() -> None:
                        speedup_median=statistics.median(row["seconds"]["scanned"])
                        / statistics.median(row["seconds"]["unrolled"]))
             rows.append(row)
-    load_end = os.getloadavg()
-    print(f"machine: {platform.machine()} {os.cpu_count()} CPUs, jax {jax.__version__} on "
-          f"{jax.devices()[0].platform}; load average at start {load_start[0]:.1f}, at end {load_end[0]:.1f}; "
-          f"{args.model}, greedy, no stop ids")
+    print(machine_line(load_start, os.getloadavg(), f"{args.model}, greedy, no stop ids"))
     print("| dtype | batch | prompt | new | scanned tok/s (best / median) | unrolled tok/s (best / median) | "
           "unrolled / scanned (median) | tokens agreed (min / median of rows) |\n|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        cells = [f"{r[f'{n}_tok_per_s_best']:.1f} / {r[f'{n}_tok_per_s_median']:.1f}" for n in VARIANTS]
-        print(f"| {r['dtype']} | {r['batch']} | {r['prompt_len']} | {r['max_new']} | " + " | ".join(cells)
+        print(f"| {r['dtype']} | {r['batch']} | {r['prompt_len']} | {r['max_new']} | "
+              + " | ".join(speed_cells(r, VARIANTS))
               + f" | {r['speedup_median']:.2f} | {r['agreed_tokens_min']} / {r['agreed_tokens_median']:.0f} |")
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump({"argv": sys.argv[1:], "load_start": load_start, "load_end": load_end, "rows": rows}, fh,
-                      indent=2)
+    write_rows(args.json, load_start, os.getloadavg(), rows)
 
 
 if __name__ == "__main__":

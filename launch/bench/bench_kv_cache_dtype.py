@@ -94,17 +94,28 @@ def main() -> None:
     load_start = os.getloadavg()
     rows = [bench_batch(lm, int(b), args.max_new, args.repeats) for b in args.batches.split(",")]
     load_end = os.getloadavg()
-    print(f"machine: {platform.machine()} {os.cpu_count()} CPUs, jax {jax.__version__} on "
-          f"{jax.devices()[0].platform}; load average at start {load_start[0]:.1f}, at end {load_end[0]:.1f}; "
-          f"{args.model}, bf16 compute, greedy, outputs identical for every cache")
+    print(machine_line(load_start, load_end, f"{args.model}, bf16 compute, greedy, outputs identical for every cache"))
     print("| batch | prompt | new | " + " | ".join(f"{n} tok/s (best / median)" for n in VARIANTS)
           + " | bits vs bf16 (median) | bits vs float32 (median) |\n|---:|---:|---:|" + "---:|" * (len(VARIANTS) + 2))
     for r in rows:
-        cells = [f"{r[f'{n}_tok_per_s_best']:.1f} / {r[f'{n}_tok_per_s_median']:.1f}" for n in VARIANTS]
-        print(f"| {r['batch']} | {r['prompt_len']} | {r['max_new']} | " + " | ".join(cells)
+        print(f"| {r['batch']} | {r['prompt_len']} | {r['max_new']} | " + " | ".join(speed_cells(r, VARIANTS))
               + f" | {r['bits_over_bf16_median']:.2f} | {r['bits_over_float32_median']:.2f} |")
-    if args.json:
-        with open(args.json, "w") as fh:
+    write_rows(args.json, load_start, load_end, rows)
+
+
+def machine_line(load_start: tuple, load_end: tuple, what: str) -> str:
+    return (f"machine: {platform.machine()} {os.cpu_count()} CPUs, jax {jax.__version__} on "
+            f"{jax.devices()[0].platform}; load average at start {load_start[0]:.1f}, at end {load_end[0]:.1f}; {what}")
+
+
+def speed_cells(row: dict, names) -> list[str]:
+    """``best / median`` tokens/s of each engine in ``names`` (an `alternate_engines` row)."""
+    return [f"{row[f'{n}_tok_per_s_best']:.1f} / {row[f'{n}_tok_per_s_median']:.1f}" for n in names]
+
+
+def write_rows(path: str | None, load_start: tuple, load_end: tuple, rows: list) -> None:
+    if path:
+        with open(path, "w") as fh:
             json.dump({"argv": sys.argv[1:], "load_start": load_start, "load_end": load_end, "rows": rows}, fh,
                       indent=2)
 
