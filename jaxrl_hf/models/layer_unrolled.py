@@ -53,6 +53,14 @@ def init_layer_caches(config: DecoderConfig, batch: int, cache_len: int, dtype: 
                  for _ in range(config.num_hidden_layers))
 
 
+def grow_cache(cache: KVCache, cache_len: int) -> KVCache:
+    """One layer's cache with zeroed slots appended up to ``cache_len``."""
+    def grow(name: str, a: jnp.ndarray) -> jnp.ndarray:
+        axis = a.ndim - 1 if name == "kt" else 2
+        return jnp.pad(a, [(0, cache_len - a.shape[axis]) if i == axis else (0, 0) for i in range(a.ndim)])
+    return {name: grow(name, a) for name, a in cache.items()}
+
+
 def hidden_states(module: CausalLM, params: tuple[Params, tuple[Params, ...]], input_ids: jnp.ndarray,
                   positions: jnp.ndarray, attention_mask: jnp.ndarray, caches: tuple[KVCache, ...],
                   cache_index: jnp.ndarray | int, store: bool) -> tuple[jnp.ndarray, tuple[KVCache, ...]]:

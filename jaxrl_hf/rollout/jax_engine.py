@@ -143,8 +143,9 @@ def _generate_program(params: Any, prompt_ids: jnp.ndarray, prompt_mask: jnp.nda
     samples (the n samples of a prompt share one prefill, as vLLM's prefix cache does). ``unrolled``: ``params``
     are `layer_unrolled.split_layers` weights and the cache is one array pair per layer."""
     batch, prompt_len = row_valid.shape[0], prompt_ids.shape[1]
+    ends = decode_phases(max_new) if unrolled else (max_new,)
     if unrolled:
-        cache = layer_unrolled.init_layer_caches(config, batch, prompt_len + max_new, cache_dtype, keys_transposed)
+        cache = layer_unrolled.init_layer_caches(config, batch, prompt_len + ends[0], cache_dtype, keys_transposed)
         cache = tuple(_constrain_layer_cache(module, c) for c in cache)
     else:
         cache = init_kv_cache(config, batch, prompt_len + max_new, cache_dtype)
@@ -169,10 +170,7 @@ def _generate_program(params: Any, prompt_ids: jnp.ndarray, prompt_mask: jnp.nda
         out_tokens=jnp.full((batch, max_new), pad_id, jnp.int32), out_mask=jnp.zeros((batch, max_new), jnp.int32),
         out_logp=jnp.zeros((batch, max_new), jnp.float32), stopped=jnp.zeros((batch,), bool))
 
-    def cond(s: dict) -> jnp.ndarray:
-        return (s["step"] < max_new) & ~jnp.all(s["done"])
-
-    def body(s: dict) -> dict:
+    def body(s: dict, full_mask: jnp.ndarray) -> dict:
         step, token = s["step"], s["token"]
         emit = ~s["done"]
         hit_stop = emit & jnp.isin(token, stop_arr)
@@ -187,8 +185,20 @@ def _generate_program(params: Any, prompt_ids: jnp.ndarray, prompt_mask: jnp.nda
                     cache=new_cache, out_tokens=out_tokens, out_mask=out_mask, out_logp=out_logp,
                     stopped=s["stopped"] | hit_stop)
 
-    final = jax.lax.while_loop(cond, body, state)
-    return final["out_tokens"], final["out_mask"], final["out_logp"], final["stopped"]
+    for phase, end in enumerate(ends):  # unrolled: each phase attends over the slots its last step can fill
+        if phase:
+            state["cache"] = tuple(layer_unrolled.grow_cache(c, prompt_len + end) for c in state["cache"])
+        state = jax.lax.while_loop(lambda s, end=end: (s["step"] < end) & ~jnp.all(s["done"]),
+                                   partial(body, full_mask=full_mask[:, :prompt_len + end]), state)
+    return state["out_tokens"], state["out_mask"], state["out_logp"], state["stopped"]
+
+
+def decode_phases(max_new: int) -> tuple[int, ...]:
+    """The steps after which an unrolled decode loop grows its per-layer caches: up to four phases of ≥ 32 steps."""
+    if max_new < 64:
+        return (max_new,)
+    size = max(32, -(-max_new // 32) * 32 // 4)
+    return tuple(range(size, max_new, size)) + (max_new,)
 
 
 class JaxGenerationEngine:
