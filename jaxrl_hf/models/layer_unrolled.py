@@ -2,12 +2,14 @@
 
 `CausalLM` scans its layers over stacked weights and a stacked ``[layers, ...]`` KV cache. Inside a decode loop,
 XLA:CPU copies every layer's weights and cache slots out of the stacked arrays at every step (a ``dynamic-slice``
-is a copy there, not a view): at 64 rows × 168 slots of SmolLM2-135M about a fifth of a float32 decode step. Here
+is a copy there, not a view): at 64 rows × 168 slots of SmolLM2-135M ~49 ms of a 147 ms float32 decode step
+(docs/BENCHMARKS.md). Here
 each layer reads its own arrays, which need no slicing:
 
 * `split_layers` turns a `CausalLM` param tree into ``(rest, layers)``: the tree without ``model/layers`` and a
   tuple of per-layer trees (the same leaves as the stacked tree's ``[i]``);
-* `init_layer_caches` gives one ``{"k", "v"}: [batch, kv_heads, cache_len, head_dim]`` cache per layer;
+* `init_layer_caches` gives one ``{"k", "v"}: [batch, kv_heads, cache_len, head_dim]`` cache per layer (or keys
+  stored transposed, ``"kt"``; `slot_axis` says where a tensor's slots are);
 * `hidden_states` runs embedding, layers and final norm. With ``store`` each layer writes its new keys/values
   into its own cache *before* reading it (``DecoderLayer(store=True)``), so the read depends on the write and
   XLA updates the loop-carried cache in place (read first and written after, as the scan does, the two are
@@ -53,11 +55,17 @@ def init_layer_caches(config: DecoderConfig, batch: int, cache_len: int, dtype: 
                  for _ in range(config.num_hidden_layers))
 
 
+def slot_axis(name: str) -> int:
+    """The cache-slot axis of one layer's cache tensor ``name`` (``"kt"``: keys stored transposed)."""
+    return 3 if name == "kt" else 2
+
+
 def grow_cache(cache: KVCache, cache_len: int) -> KVCache:
     """One layer's cache with zeroed slots appended up to ``cache_len``."""
     def grow(name: str, a: jnp.ndarray) -> jnp.ndarray:
-        axis = a.ndim - 1 if name == "kt" else 2
-        return jnp.pad(a, [(0, cache_len - a.shape[axis]) if i == axis else (0, 0) for i in range(a.ndim)])
+        pad = [(0, 0)] * a.ndim
+        pad[slot_axis(name)] = (0, cache_len - a.shape[slot_axis(name)])
+        return jnp.pad(a, pad)
     return {name: grow(name, a) for name, a in cache.items()}
 
 
@@ -71,7 +79,7 @@ def hidden_states(module: CausalLM, params: tuple[Params, tuple[Params, ...]], i
     config = module.config
     x = module.apply({"params": rest}, input_ids, method=lambda m, ids: m.model.embed(ids))
     if isinstance(cache_index, int) and cache_index == 0 and not store:
-        caches = tuple({name: a[..., :0] if name == "kt" else a[:, :, :0] for name, a in cache.items()}
+        caches = tuple({name: jax.lax.slice_in_dim(a, 0, 0, axis=slot_axis(name)) for name, a in cache.items()}
                        for cache in caches)
     index = jnp.asarray(cache_index, jnp.int32)
     layer = DecoderLayer(config, module.mesh, module.rules)
