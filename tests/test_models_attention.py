@@ -393,3 +393,36 @@ def test_blockwise_grads_under_ulysses_tp_sp_mesh_equal_single_device_eager():
     want = jax.jit(jax.grad(lambda p: loss(p, dataclasses.replace(config, attn_implementation="eager"))))(params)
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("t, window, softcap, layout", [(1, None, None, "kt"), (1, 5, None, "k"), (3, None, 30.0, "kt"),
+                                                        (3, 4, None, "k")])
+def test_stored_attention_equals_cached_attention_over_the_same_keys(t, window, softcap, layout):
+    """The unrolled decode's read (`stored_attention`: the new keys already written at ``cache_index``) sees the
+    keys `cached_attention` sees (cached slots ++ own keys) and nothing else: masks equal slot by slot, outputs
+    equal to float32 rounding; slots after the new ones hold large finite garbage, which must not leak."""
+    b, kv, g, d, slots, index = 3, 2, 3, 8, 16, 9
+    rng = np.random.default_rng(t)
+    q, k_new, v_new = (jnp.asarray(rng.standard_normal(s), jnp.float32)
+                       for s in ((b, t, kv, g, d), (b, t, kv, d), (b, t, kv, d)))
+    k_cache, v_cache = (rng.standard_normal((b, kv, slots, d)).astype(np.float32) for _ in range(2))
+    k_cache[:, :, index + t:], v_cache[:, :, index + t:] = 1e4, -1e4  # not yet written: must stay invisible
+    mask = np.ones((b, slots), np.int32)
+    mask[0, :4] = 0  # left padding
+    mask[1, 6] = 0   # a padded slot in the middle
+    mask[2, index + t - 1] = 0  # a finished row's new token: seen by nobody
+    old = {"k": jnp.asarray(k_cache), "v": jnp.asarray(v_cache)}
+    stored = {"k": old["k"].at[:, :, index:index + t].set(k_new.swapaxes(1, 2)),
+              "v": old["v"].at[:, :, index:index + t].set(v_new.swapaxes(1, 2))}
+    if layout == "kt":
+        old, stored = ({"kt": c["k"].swapaxes(-1, -2), "v": c["v"]} for c in (old, stored))
+    idx = jnp.asarray(index)
+    cached_mask, new_mask = attn.split_attention_masks(jnp.asarray(mask), idx, slots, t, window)
+    full = np.asarray(attn.stored_attention_mask(jnp.asarray(mask), idx, slots, t, window))
+    cached_mask, new_mask = (np.broadcast_to(np.asarray(m), (b, 1, 1, t, m.shape[-1])) for m in (cached_mask, new_mask))
+    np.testing.assert_array_equal(full[..., :index], cached_mask[..., :index])
+    np.testing.assert_array_equal(full[..., index:index + t], new_mask)
+    assert not full[..., index + t:].any()
+    want = attn.cached_attention(q, k_new, v_new, old, jnp.asarray(mask), idx, 0.3, window, softcap)
+    got = attn.stored_attention(q, stored, jnp.asarray(mask), idx, 0.3, window, softcap)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6)

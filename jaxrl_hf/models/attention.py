@@ -119,21 +119,57 @@ def cached_attention(q: Array, k: Array, v: Array, cache: dict[str, Array], atte
     cached_mask, new_mask = split_attention_masks(attention_mask, cache_index, cached_len, t, window)
     scores = soft_cap(jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) * scale, softcap)
     scores = jnp.where(new_mask, scores, NEG_INF)
-    rows = q.transpose(0, 2, 3, 1, 4).reshape(b, kv, g * t, d)  # [B, K, G*T, D]
-    if "kt" in cache:  # keys stored transposed [B, K, D, S]: a plain (not transposed-operand) product
-        cached_scores = jnp.einsum("bkmd,bkds->bkms", rows, _as_compute(cache["kt"], dt),
-                                   preferred_element_type=jnp.float32)
-    else:
-        cached_scores = jnp.einsum("bkmd,bksd->bkms", rows, _as_compute(cache["k"], dt),
-                                   preferred_element_type=jnp.float32)
-    cached_v = _as_compute(cache["v"], dt)
-    cached_scores = soft_cap(cached_scores.reshape(b, kv, g, t, cached_len) * scale, softcap)
-    cached_scores = jnp.where(cached_mask, cached_scores, NEG_INF)
+    cached_scores = jnp.where(cached_mask, _cache_scores(q, cache, scale, softcap), NEG_INF)
     probs = jax.nn.softmax(jnp.concatenate([cached_scores, scores], axis=-1), axis=-1).astype(dt)
-    cached_probs = probs[..., :cached_len].reshape(b, kv, g * t, cached_len)
-    out = jnp.einsum("bkms,bksd->bkmd", cached_probs, cached_v, preferred_element_type=jnp.float32)
-    out = out.reshape(b, kv, g, t, d).transpose(0, 3, 1, 2, 4)  # [B, T, K, G, D]
+    out = _cache_weighted_values(probs[..., :cached_len], cache)
     return (out + jnp.einsum("bkgts,bskd->btkgd", probs[..., cached_len:], v).astype(jnp.float32)).astype(dt)
+
+
+def stored_attention(q: Array, cache: dict[str, Array], attention_mask: Array, cache_index: Array, scale: float,
+                     window: Array | int | None = None, softcap: float | None = None) -> Array:
+    """Eager attention of ``T`` new queries over a cache that already holds their own keys/values at slots
+    ``cache_index + t`` (written before the read, `models.layer_unrolled`): one softmax over the cache's
+    slots, the same keys as `cached_attention` sees, without the separate own-key scores and their
+    concatenation. Mask: `stored_attention_mask`."""
+    mask = stored_attention_mask(attention_mask, cache_index, cache["v"].shape[2], q.shape[1], window)
+    scores = jnp.where(mask, _cache_scores(q, cache, scale, softcap), NEG_INF)
+    return _cache_weighted_values(jax.nn.softmax(scores, axis=-1).astype(q.dtype), cache).astype(q.dtype)
+
+
+def stored_attention_mask(attention_mask: Array, cache_index: Array, cache_len: int, q_len: int,
+                          window: Array | int | None = None) -> Array:
+    """`split_attention_masks`'s two masks as one over the cache's slots, the new keys in place at slots
+    ``cache_index + u``: ``[B, 1, 1, T, cache_len]``. Query ``t`` (slot ``cache_index + t``) sees slot ``s``
+    iff ``s <= cache_index + t``, ``s`` is inside its window, and ``attention_mask[b, s] != 0`` (a slot
+    before ``cache_index``) or equal to the query's own segment (a new slot)."""
+    segments = attention_mask.astype(jnp.int32)
+    slots, q_slots = jnp.arange(cache_len), cache_index + jnp.arange(q_len)
+    seg = segments[:, None, :cache_len]  # [B, 1, S]
+    q_seg = jax.lax.dynamic_slice_in_dim(segments, cache_index, q_len, axis=1)[:, :, None]  # [B, T, 1]
+    visible = (slots[None, :] <= q_slots[:, None]) & window_mask(q_slots, slots, window)  # [T, S]
+    same = jnp.where((slots < cache_index)[None, None, :], True, seg == q_seg) & (seg != 0)
+    return (visible[None] & same)[:, None, None]
+
+
+def _cache_scores(q: Array, cache: dict[str, Array], scale: float, softcap: float | None) -> Array:
+    """Scaled, soft-capped float32 scores ``[B, K, G, T, S]`` of queries ``[B, T, K, G, D]`` over the cached
+    keys: per (row, kv head) one ``[G * T, D]`` matrix times the keys as stored (``"kt"``: ``[B, K, D, S]``, a
+    plain product; ``"k"``: ``[B, K, S, D]``)."""
+    dt, (b, t, kv, g, d) = q.dtype, q.shape
+    rows = q.transpose(0, 2, 3, 1, 4).reshape(b, kv, g * t, d)  # [B, K, G*T, D]
+    if "kt" in cache:
+        scores = jnp.einsum("bkmd,bkds->bkms", rows, _as_compute(cache["kt"], dt), preferred_element_type=jnp.float32)
+    else:
+        scores = jnp.einsum("bkmd,bksd->bkms", rows, _as_compute(cache["k"], dt), preferred_element_type=jnp.float32)
+    return soft_cap(scores.reshape(b, kv, g, t, -1) * scale, softcap)
+
+
+def _cache_weighted_values(probs: Array, cache: dict[str, Array]) -> Array:
+    """``probs [B, K, G, T, S]`` times the cached values ``[B, K, S, D]``: float32 ``[B, T, K, G, D]``."""
+    b, kv, g, t, s = probs.shape
+    values = _as_compute(cache["v"], probs.dtype)
+    out = jnp.einsum("bkms,bksd->bkmd", probs.reshape(b, kv, g * t, s), values, preferred_element_type=jnp.float32)
+    return out.reshape(b, kv, g, t, -1).transpose(0, 3, 1, 2, 4)
 
 
 def _as_compute(cached: Array, dt: Any) -> Array:

@@ -13,10 +13,12 @@ each layer reads its own arrays, which need no slicing:
 * `hidden_states` runs embedding, layers and final norm. With ``store`` each layer writes its new keys/values
   into its own cache *before* reading it (``DecoderLayer(store=True)``), so the read depends on the write and
   XLA updates the loop-carried cache in place (read first and written after, as the scan does, the two are
-  unordered and XLA copies every layer's cache twice per step).
+  unordered and XLA copies every layer's cache twice per step). The new keys are then read back from the cache
+  (`attention.stored_attention`: one softmax over its slots, no separate scores for them and no concatenation;
+  7 of 90 ms a float32 step at 64 rows, docs/BENCHMARKS.md).
 
-The numbers are those of the scanned decoder: the same layer module, the same masked slots, the same rounding
-of the new keys/values (`tests/test_rollout_engine.py`).
+The numbers are those of the scanned decoder up to float32 summation order: the same layer module, the same
+keys seen, the same rounding of the new keys/values (`tests/test_rollout_engine.py`).
 """
 
 from __future__ import annotations

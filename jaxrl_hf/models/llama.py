@@ -37,9 +37,8 @@ prompts are left-padded) attends over the cached slots ``s < cache_index`` plus 
 keeping only slots that ``attention_mask[b, s]`` marks valid. Inside the layer scan the cache is read-only:
 each layer emits just its ``T`` new keys/values (``CausalLM.hidden_states_and_new_kv`` returns them stacked
 as ``[layers, batch, T, kv_heads, head_dim]``), and ``write_kv_cache`` stores them with one
-``dynamic_update_slice`` per tensor, which XLA performs in place on a loop-carried (or donated) cache.
-Writing per layer inside the scan instead would copy every layer's whole cache on every step. A cache of
-``uint16`` holds the compute dtype's bit patterns (a 16-bit compute dtype; `init_kv_cache`).
+``dynamic_update_slice`` per tensor, in place on a loop-carried (or donated) cache (written per layer inside
+the scan, every layer's cache would be copied at every step). ``uint16`` caches hold 16-bit bit patterns.
 """
 
 from __future__ import annotations
@@ -55,7 +54,7 @@ import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
 from jaxrl_hf.mesh.rules import logical_to_spec
-from jaxrl_hf.models.attention import cached_attention, self_attention, soft_cap
+from jaxrl_hf.models.attention import cached_attention, self_attention, soft_cap, stored_attention
 from jaxrl_hf.models.config import DecoderConfig
 from jaxrl_hf.models.matmul import matmul_f32_accumulate
 from jaxrl_hf.models.packed_attention import per_row_attention
@@ -182,8 +181,8 @@ class Attention(nn.Module):
     ``__call__`` returns ``(y, new_kv)``: ``new_kv`` holds this call's keys/values ``[B, T, kv_heads,
     head_dim]`` in the cache dtype (``None`` without a cache); the caller writes them into the cache.
     ``window`` is this layer's sliding window (a traced int, ``0`` = full attention; ``None`` when no layer
-    of the model slides). ``store`` (a layer's own cache, `models.layer_unrolled`): the new keys/values are written
-    into ``layer_cache`` first and the updated cache is returned for ``new_kv`` (the same attention: slots masked).
+    of the model slides). ``store`` (`models.layer_unrolled`): written into ``layer_cache`` first, returned as
+    ``new_kv`` and read back from it (``attention.stored_attention``).
     """
 
     config: DecoderConfig
@@ -221,7 +220,7 @@ class Attention(nn.Module):
             kk = kk.astype(dt if stored == jnp.uint16 else stored)
             v = v.astype(kk.dtype)
             new_kv = {"k": kk, "v": v}
-            if store:  # written first, then read: the attention below reads the updated cache (slot index masked)
+            if store:  # written first, then read: the attention below reads the updated cache
                 layer_cache = new_kv = write_kv_cache(layer_cache, new_kv, cache_index)
             kk, v = kk.astype(dt), v.astype(dt)
 
@@ -238,7 +237,10 @@ class Attention(nn.Module):
 
         b, t = x.shape[0], x.shape[1]
         qg = q.reshape(b, t, k, h // k, d)
-        if layer_cache is not None and layer_cache["v"].shape[2]:  # decode / chunked prefill: eager over the cache
+        if store and layer_cache is not None:  # the new keys already in the cache: eager over its slots
+            out = stored_attention(qg, layer_cache, attention_mask, cache_index, c.attention_scale, window,
+                                   c.attn_logit_softcapping)
+        elif layer_cache is not None and layer_cache["v"].shape[2]:  # decode / chunked prefill: eager over the cache
             out = cached_attention(qg, kk, v, layer_cache, attention_mask, cache_index, c.attention_scale, window,
                                    c.attn_logit_softcapping)
         else:  # training, log-probs, prefill: the configured implementation, segment ids = this call's mask
