@@ -232,8 +232,8 @@ class JaxGenerationEngine:
         # XLA:CPU copies each layer's weights and cache slots out of stacked arrays at every decode step: on CPUs
         # a float32 cache's layers are unrolled over per-layer weights and caches (`models.layer_unrolled`; 1.27x
         # tokens/s at 64 x 128). A 16-bit cache has no in-place write there (each per-layer write converts the
-        # whole cache): bf16 stays scanned over its bit patterns (unrolled 0.93-0.97x at 32 new tokens, 1.1x at
-        # 128; launch/bench/bench_decode_layers.py).
+        # whole cache): bf16 stays scanned over its bit patterns (unrolled 1.03-1.09x at 32 new tokens, 1.18x at
+        # 128, launch/bench/bench_decode_layers.py; no faster in the default DAPO run's generations).
         wide = jnp.dtype(self.cache_dtype).itemsize == 4
         self.unroll_layers = _on_cpu(mesh) and wide if unroll_layers is None else bool(unroll_layers)
         as_bits = _on_cpu(mesh) and not self.unroll_layers if cache_as_bits is None else bool(cache_as_bits)
