@@ -115,7 +115,7 @@ def cached_attention(q: Array, k: Array, v: Array, cache: dict[str, Array], atte
     batched matmuls on the cache's stored layout with float32 results (XLA:CPU runs exactly this form in
     its fast kernels: 0.16 / 0.14 ms against 0.34 / 1.17 ms for the 5-d contractions at a 64-row step of
     SmolLM2-135M). Masks: `split_attention_masks`."""
-    dt, (b, t, kv, g, d), cached_len = q.dtype, q.shape, cache["v"].shape[2]
+    dt, t, cached_len = q.dtype, q.shape[1], cache["v"].shape[2]
     cached_mask, new_mask = split_attention_masks(attention_mask, cache_index, cached_len, t, window)
     scores = soft_cap(jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) * scale, softcap)
     scores = jnp.where(new_mask, scores, NEG_INF)
