@@ -347,6 +347,7 @@ def test_decode_phases_grow_the_unrolled_caches_in_steps_of_at_least_32():
     assert decode_phases(8) == (8,) and decode_phases(63) == (63,)
     assert decode_phases(70) == (32, 64, 70) and decode_phases(128) == (32, 64, 96, 128)
     assert decode_phases(512) == (128, 256, 384, 512)
+    assert decode_phases(200) == (56, 112, 168, 200)  # a quarter of 224, not rounded to 32
 
 
 def _sliced_shapes(engine, sp):

@@ -195,7 +195,7 @@ def _generate_program(params: Any, prompt_ids: jnp.ndarray, prompt_mask: jnp.nda
 
 def decode_phases(max_new: int) -> tuple[int, ...]:
     """The steps after which an unrolled decode loop grows its per-layer caches: up to four phases, each but the last
-    a multiple of 32 steps (one phase below 64 new tokens)."""
+    ``max(32, ceil(max_new / 32) * 32 // 4)`` steps long (one phase below 64 new tokens)."""
     if max_new < 64:
         return (max_new,)
     size = max(32, -(-max_new // 32) * 32 // 4)
