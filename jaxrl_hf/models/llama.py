@@ -30,15 +30,13 @@ Param tree of ``CausalLM`` (shapes without the ``layers`` axis where stacked)::
   model/norm/scale                      [embed]
   lm_head/kernel                        [embed, vocab]   (absent when tied)
 
-KV cache: a dict ``{"k", "v"}`` of ``[layers, batch, kv_heads, cache_len, head_dim]``: each row's and kv
-head's slots are contiguous, so decoding attends with batched matmuls over ``(row, kv head)`` that read a
-layer's cache as it is stored. A call with ``T`` new tokens at slot ``cache_index`` (same for all rows:
-prompts are left-padded) attends over the cached slots ``s < cache_index`` plus its own keys causally,
-keeping only slots that ``attention_mask[b, s]`` marks valid. Inside the layer scan the cache is read-only:
-each layer emits just its ``T`` new keys/values (``CausalLM.hidden_states_and_new_kv`` returns them stacked
-as ``[layers, batch, T, kv_heads, head_dim]``), and ``write_kv_cache`` stores them with one
-``dynamic_update_slice`` per tensor, in place on a loop-carried (or donated) cache (written per layer inside
-the scan, every layer's cache would be copied at every step). ``uint16`` caches hold 16-bit bit patterns.
+KV cache: ``{"k", "v"}: [layers, batch, kv_heads, cache_len, head_dim]`` (a row's and kv head's slots
+contiguous: decoding reads a layer's cache as stored). ``T`` new tokens at slot ``cache_index`` (the same for all
+rows: prompts are left-padded) attend over the slots ``s < cache_index`` that ``attention_mask[b, s]`` marks
+valid, and over their own keys causally. The layer scan only reads the cache: each layer emits its new
+keys/values (``CausalLM.hidden_states_and_new_kv``: ``[layers, batch, T, kv_heads, head_dim]``) and
+``write_kv_cache`` stores them, one in-place ``dynamic_update_slice`` per tensor (written per layer inside the
+scan, every layer's cache would be copied at every step). ``uint16`` caches hold 16-bit bit patterns.
 """
 
 from __future__ import annotations
@@ -58,6 +56,7 @@ from jaxrl_hf.models.attention import cached_attention, self_attention, soft_cap
 from jaxrl_hf.models.config import DecoderConfig
 from jaxrl_hf.models.matmul import matmul_f32_accumulate
 from jaxrl_hf.models.packed_attention import per_row_attention
+from jaxrl_hf.models.panel_matmul import panel_matmul
 from jaxrl_hf.models.rope import apply_rope, rope_frequencies
 
 Array = jnp.ndarray
@@ -69,13 +68,9 @@ def _dtype(name: str) -> Any:
 
 
 def constrain(x: Array, names: Sequence[str | None], mesh: Any = None, rules: Any = None) -> Array:
-    """Sharding constraint by logical names.
-
-    With an explicit ``mesh`` and ``rules`` the constraint is always applied (names resolved by the mesh/
-    resolver, `jaxrl_hf.mesh.rules.logical_to_spec`); otherwise flax's
-    global context (``with mesh: with nn.logical_axis_rules(rules):``) decides, and it is a no-op
-    when no rules are set.
-    """
+    """Sharding constraint by logical names: with ``mesh`` and ``rules`` always applied (names resolved by
+    `jaxrl_hf.mesh.rules.logical_to_spec`); otherwise flax's global context (``with mesh: with
+    nn.logical_axis_rules(rules):``) decides, a no-op when no rules are set."""
     if mesh is not None and rules is not None:
         spec = logical_to_spec(tuple(names), rules)
         return jax.lax.with_sharding_constraint(x, jax.sharding.NamedSharding(mesh, spec))
@@ -123,9 +118,8 @@ def make_norm(config: DecoderConfig, name: str | None = None, axis_name: str = "
 
 
 def from_bits(w: Array, dtype: Any) -> Array:
-    """``w`` as the 16-bit float ``dtype`` when it arrives as its bit patterns (``uint16``: the decode loop's
-    weights and KV cache on XLA:CPU, `jaxrl_hf.models.forward.decode_weights`, `init_kv_cache`), else ``w``
-    unchanged."""
+    """``w`` as the 16-bit float ``dtype`` when it arrives as its bit patterns (``uint16``: XLA:CPU's decode
+    weights and KV cache, `jaxrl_hf.models.forward.decode_weights`, `init_kv_cache`), else ``w`` unchanged."""
     return jax.lax.bitcast_convert_type(w, dtype) if w.dtype == jnp.uint16 else w
 
 
@@ -147,6 +141,7 @@ class _Proj(nn.Module):
     param_dtype: Any
     contract_dims: int = 1  # how many trailing dims of x are contracted
     f32_out: bool = False  # float32 results from a 16-bit compute dtype (the LM head's logits)
+    panels: bool = False  # the kernel holds [fan_in, fan_out] in panel order (`DecoderConfig.panel_weights`)
 
     @nn.compact
     def __call__(self, x: Array) -> Array:
@@ -160,7 +155,9 @@ class _Proj(nn.Module):
         # for the N-D form (2.1x slower MLP forward + backward measured on the CI Xeon; GPUs are indifferent).
         # Low precision accumulates in f32 forward and backward (`matmul_f32_accumulate`).
         lead, x2, w2 = x.shape[: x.ndim - self.contract_dims], x.reshape(-1, fan_in), kernel.reshape(fan_in, -1)
-        if self.dtype == jnp.float32:
+        if self.panels:
+            y = panel_matmul(x2.astype(jnp.float32), w2)
+        elif self.dtype == jnp.float32:
             y = jnp.dot(x2.astype(jnp.float32), w2.astype(jnp.float32))
         else:
             y = matmul_f32_accumulate(x2.astype(self.dtype), w2, self.f32_out)
@@ -169,6 +166,10 @@ class _Proj(nn.Module):
             bias = self.param("bias", _init(nn.initializers.zeros, self.bias_axes), self.out_shape, self.param_dtype)
             y = y + from_bits(bias, self.dtype).astype(self.dtype)
         return y
+
+
+def _projections(c: DecoderConfig) -> Any:
+    return functools.partial(_Proj, dtype=_dtype(c.dtype), param_dtype=_dtype(c.param_dtype), panels=c.panel_weights)
 
 
 class Attention(nn.Module):
@@ -194,12 +195,12 @@ class Attention(nn.Module):
                  layer_cache: KVCache | None, window: Array | None = None,
                  store: bool = False) -> tuple[Array, KVCache | None]:
         c = self.config
-        dt, pdt = _dtype(c.dtype), _dtype(c.param_dtype)
+        dt, proj = _dtype(c.dtype), _projections(c)
         h, k, d, e = c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.hidden_size
         bias = lambda heads: (heads, "head_dim") if c.qkv_bias else None  # noqa: E731
-        q = _Proj(e, (h, d), ("embed", "heads", "head_dim"), bias("heads"), dt, pdt, name="q_proj")(x)
-        kk = _Proj(e, (k, d), ("embed", "kv_heads", "head_dim"), bias("kv_heads"), dt, pdt, name="k_proj")(x)
-        v = _Proj(e, (k, d), ("embed", "kv_heads", "head_dim"), bias("kv_heads"), dt, pdt, name="v_proj")(x)
+        q = proj(e, (h, d), ("embed", "heads", "head_dim"), bias("heads"), name="q_proj")(x)
+        kk = proj(e, (k, d), ("embed", "kv_heads", "head_dim"), bias("kv_heads"), name="k_proj")(x)
+        v = proj(e, (k, d), ("embed", "kv_heads", "head_dim"), bias("kv_heads"), name="v_proj")(x)
         q = constrain(q, ("batch", "length", "heads", "head_dim"), self.mesh, self.rules)
         kk = constrain(kk, ("batch", "length", "kv_heads", "head_dim"), self.mesh, self.rules)
         if c.qk_norm:  # Qwen3: RMSNorm of each head before RoPE
@@ -255,8 +256,8 @@ class Attention(nn.Module):
         out = constrain(out.reshape(b, t, h, d), ("batch", "attn_length", "attn_heads", "head_dim"), self.mesh,
                         self.rules)
         out = constrain(out, ("batch", "length", "heads", "head_dim"), self.mesh, self.rules)
-        y = _Proj(h * d, (e,), ("heads", "head_dim", "embed"), ("embed",) if c.o_bias else None, dt, pdt,
-                  contract_dims=2, name="o_proj")(out)
+        y = proj(h * d, (e,), ("heads", "head_dim", "embed"), ("embed",) if c.o_bias else None, contract_dims=2,
+                 name="o_proj")(out)
         return y, new_kv
 
 
@@ -270,13 +271,12 @@ class MLP(nn.Module):
     @nn.compact
     def __call__(self, x: Array) -> Array:
         c = self.config
-        dt, pdt = _dtype(c.dtype), _dtype(c.param_dtype)
-        e, m = c.hidden_size, c.intermediate_size
-        gate = _Proj(e, (m,), ("embed", "mlp"), None, dt, pdt, name="gate_proj")(x)
-        up = _Proj(e, (m,), ("embed", "mlp"), None, dt, pdt, name="up_proj")(x)
+        e, m, proj = c.hidden_size, c.intermediate_size, _projections(c)
+        gate = proj(e, (m,), ("embed", "mlp"), None, name="gate_proj")(x)
+        up = proj(e, (m,), ("embed", "mlp"), None, name="up_proj")(x)
         act = nn.silu(gate) if c.hidden_act == "silu" else nn.gelu(gate, approximate=True)
         hidden = constrain(act * up, ("batch", "length", "mlp"), self.mesh, self.rules)
-        return _Proj(m, (e,), ("mlp", "embed"), None, dt, pdt, name="down_proj")(hidden)
+        return proj(m, (e,), ("mlp", "embed"), None, name="down_proj")(hidden)
 
 
 class DecoderLayer(nn.Module):
@@ -409,7 +409,7 @@ class CausalLM(nn.Module):
         self.model = Decoder(c, self.mesh, self.rules)
         if not c.tie_word_embeddings:
             self.lm_head = _Proj(c.hidden_size, (c.vocab_size,), ("embed", "vocab"), None,
-                                 _dtype(c.dtype), _dtype(c.param_dtype), f32_out=True)
+                                 _dtype(c.dtype), _dtype(c.param_dtype), f32_out=True, panels=c.panel_weights)
 
     def hidden_states_and_new_kv(self, input_ids: Array, positions: Array, attention_mask: Array,
                                  cache: KVCache | None = None,

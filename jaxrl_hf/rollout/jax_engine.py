@@ -27,7 +27,7 @@ import numpy as np
 
 from jaxrl_hf.mesh.rules import logical_to_spec
 from jaxrl_hf.models.config import DecoderConfig
-from jaxrl_hf.models import layer_unrolled
+from jaxrl_hf.models import layer_unrolled, panel_matmul
 from jaxrl_hf.models.forward import compute_dtype_weights, decode_weights, make_module, param_shardings
 from jaxrl_hf.models.llama import (KV_CACHE_LOGICAL_AXES, CausalLM, default_positions, init_kv_cache,
                                    write_kv_cache)
@@ -135,13 +135,15 @@ def _generate_program(params: Any, prompt_ids: jnp.ndarray, prompt_mask: jnp.nda
                       row_keys: jax.Array, temperature: jnp.ndarray, top_p: jnp.ndarray, *, module: CausalLM,
                       config: DecoderConfig, max_new: int, top_k: int, use_top_p: bool, greedy: bool,
                       logprobs_mode: str, stop_ids: tuple[int, ...], pad_id: int, cache_dtype: str,
-                      share: int = 1, unrolled: bool = False, keys_transposed: bool = False) -> tuple:
+                      share: int = 1, unrolled: bool = False, keys_transposed: bool = False,
+                      panels: bool = False) -> tuple:
     """Prefill + decode loop (pure; jitted by the engine). Returns (tokens, mask, logprobs, stopped).
 
     ``share`` > 1: ``prompt_ids`` holds each prompt once and the ``row_valid.shape[0]`` rows are its ``share``
     samples in a row; the prompt is prefilled once and its keys/values and first-token logits are copied to its
     samples (the n samples of a prompt share one prefill, as vLLM's prefix cache does). ``unrolled``: ``params``
-    are `layer_unrolled.split_layers` weights and the cache is one array pair per layer."""
+    are `layer_unrolled.split_layers` weights and the cache is one array pair per layer; ``panels``: the decode steps
+    (not the prefill) read the weights in panel order (`layer_unrolled.in_panels`, a copy made once per call)."""
     batch, prompt_len = row_valid.shape[0], prompt_ids.shape[1]
     ends = decode_phases(max_new) if unrolled else (max_new,)
     if unrolled:
@@ -156,6 +158,7 @@ def _generate_program(params: Any, prompt_ids: jnp.ndarray, prompt_mask: jnp.nda
     logits, cache = _prefill(params, cache, prompt_ids, prompt_mask, prefill_mask, module=module, config=config,
                              share=share, batch=batch)
     logits = _repeat_rows(logits, share, batch)
+    decode_module, decode_params = layer_unrolled.in_panels(module, params) if panels else (module, params)
     full_mask = _repeat_rows(prefill_mask, share, batch)
     positions = default_positions(_repeat_rows(prompt_mask, share, batch))
     sample = partial(sample_tokens, temperature=temperature, top_k=top_k, top_p=top_p, use_top_p=use_top_p,
@@ -178,8 +181,8 @@ def _generate_program(params: Any, prompt_ids: jnp.ndarray, prompt_mask: jnp.nda
         out_mask = s["out_mask"].at[:, step].set(emit.astype(jnp.int32))
         out_logp = s["out_logp"].at[:, step].set(jnp.where(emit, s["logp"], 0.0))
         feed = jnp.where(emit, token, pad_id)
-        next_logits, new_cache = decode_step(params, s["cache"], full_mask, feed, s["pos"], prompt_len + step,
-                                             module=module)
+        next_logits, new_cache = decode_step(decode_params, s["cache"], full_mask, feed, s["pos"], prompt_len + step,
+                                             module=decode_module)
         next_token, next_logp = sample(step_keys(step + 1), next_logits)
         return dict(step=step + 1, token=next_token, logp=next_logp, done=s["done"] | hit_stop, pos=s["pos"] + 1,
                     cache=new_cache, out_tokens=out_tokens, out_mask=out_mask, out_logp=out_logp,
@@ -216,7 +219,7 @@ class JaxGenerationEngine:
                  length_buckets: Sequence[int] = DEFAULT_LENGTH_BUCKETS,
                  batch_buckets: Sequence[int] = DEFAULT_BATCH_BUCKETS, cache_dtype: str | None = None,
                  cast_weights: bool | None = None, cache_as_bits: bool | None = None,
-                 unroll_layers: bool | None = None) -> None:
+                 unroll_layers: bool | None = None, panel_weights: bool | None = None) -> None:
         if (mesh is None) != (rules is None):
             raise ValueError("JaxGenerationEngine: pass both mesh and rules, or neither")
         # Decoding keeps the layer loop whatever model.scan_layers says for training: an unrolled f32 decode
@@ -241,6 +244,9 @@ class JaxGenerationEngine:
         # float32 keys stored transposed: XLA:CPU's float32 q·kᵀ product over a [slots, head_dim] operand ran
         # 2-3x slower than q·k over [head_dim, slots]; a 16-bit cache's transposed write costs more than it saves
         self.keys_transposed = self.unroll_layers and jnp.dtype(self._cache_storage).itemsize == 4
+        # ... and its float32 projections run in a kernel of ours over weights in panel order (`models.panel_matmul`,
+        # ~1.4x XLA's dot at 64 rows) where it builds (x86-64 with AVX-512 and g++) and one device holds the weights
+        self.panel_weights = self._panels_wanted(panel_weights, mesh)
         # The weights in the compute dtype once per set_params (XLA:CPU would convert them in every decode step),
         # for a stacked loop in a form it slices natively (`decode_weights`). A second copy of the weights: on by
         # default where that is host memory.
@@ -259,7 +265,7 @@ class JaxGenerationEngine:
             return _generate_program(*args, **kwargs)
 
         statics = ("module", "config", "max_new", "top_k", "use_top_p", "greedy", "logprobs_mode", "stop_ids",
-                   "pad_id", "cache_dtype", "share", "unrolled", "keys_transposed")
+                   "pad_id", "cache_dtype", "share", "unrolled", "keys_transposed", "panels")
         self._program = jax.jit(program, static_argnames=statics)
 
         def keyed_program(params: Any, ids: Any, mask: Any, valid: Any, key_data: Any, *args: Any,
@@ -273,6 +279,16 @@ class JaxGenerationEngine:
         self.row_group: tuple[int, int] | None = None
         self._params = None
         self.set_params(params)
+
+    def _panels_wanted(self, wanted: bool | None, mesh: jax.sharding.Mesh | None) -> bool:
+        fits = self.unroll_layers and self.config.dtype == "float32" and (mesh is None or mesh.devices.size == 1)
+        if wanted is None:
+            return fits and panel_matmul.available()
+        if wanted and not (fits and panel_matmul.available()):
+            raise ValueError("JaxGenerationEngine(panel_weights=True) needs the unrolled float32 decode on one CPU "
+                             f"device (unroll_layers={self.unroll_layers}, dtype {self.config.dtype}) and the "
+                             f"panel matmul kernel (available: {panel_matmul.available()}; its log says why not)")
+        return bool(wanted)
 
     # ------------------------------------------------------------------------------------------
     def set_params(self, params: Any) -> None:
@@ -347,7 +363,7 @@ class JaxGenerationEngine:
             config=self.config, max_new=int(sampling.max_new_tokens), top_k=int(sampling.top_k),
             use_top_p=sampling.top_p < 1.0, greedy=sampling.is_greedy, logprobs_mode=sampling.logprobs_mode,
             stop_ids=stop_ids, pad_id=self.pad_token_id, cache_dtype=self._cache_storage, share=share,
-            unrolled=self.unroll_layers, keys_transposed=self.keys_transposed)
+            unrolled=self.unroll_layers, keys_transposed=self.keys_transposed, panels=self.panel_weights)
         tokens, out_mask, logp, stopped = jax.device_get((tokens, out_mask, logp, stopped))
         return GenerationOutput(
             prompt_ids=ids, prompt_mask=mask, response_ids=np.asarray(tokens[:rows]),
@@ -408,7 +424,7 @@ class JaxGenerationEngine:
             config=self.config, max_new=int(sampling.max_new_tokens), top_k=int(sampling.top_k),
             use_top_p=sampling.top_p < 1.0, greedy=sampling.is_greedy, logprobs_mode=sampling.logprobs_mode,
             stop_ids=self._stop_ids(sampling), pad_id=self.pad_token_id, cache_dtype=self._cache_storage,
-            unrolled=self.unroll_layers, keys_transposed=self.keys_transposed)
+            unrolled=self.unroll_layers, keys_transposed=self.keys_transposed, panels=self.panel_weights)
         tokens, out_mask, logp, stopped = (mp.local_rows(x)[:rows] for x in out)
         return GenerationOutput(
             prompt_ids=ids, prompt_mask=mask, response_ids=tokens.astype(np.int32),

@@ -1,0 +1,84 @@
+"""`jaxrl_hf.models.panel_matmul`: the float32 CPU matmul over weights in panel order (an XLA FFI kernel built with
+the machine's g++ on first use), against numpy float64; its layout; its refusals; and its build's failure."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxrl_hf.models import panel_matmul as pm
+
+needs_kernel = pytest.mark.skipif(not pm.available(), reason="needs x86-64 with AVX-512 and g++ (the kernel's build)")
+
+
+def test_panel_order_is_column_panels_row_after_row_then_the_remaining_columns():
+    k, n = 3, 2 * pm.PANEL + 5
+    w = np.arange(k * n, dtype=np.float32).reshape(k, n)
+    expected = [w[r, p * pm.PANEL:(p + 1) * pm.PANEL] for p in range(2) for r in range(k)]
+    expected += [w[r, 2 * pm.PANEL:] for r in range(k)]
+    got = np.asarray(pm.to_panel_order(jnp.asarray(w)))
+    assert got.shape == (k, n)
+    np.testing.assert_array_equal(got.reshape(-1), np.concatenate(expected))
+
+
+@needs_kernel
+@pytest.mark.parametrize("m, k, n", [(1, 1, 1), (1, 64, 48), (3, 7, 5), (7, 33, 47), (8, 16, 96), (13, 100, 97),
+                                     (64, 576, 192), (64, 1536, 576), (61, 576, 1536), (64, 576, 16 * 1024 + 16)])
+def test_products_equal_numpy_float64(m, k, n):
+    """Row blocks of 8 and their tails (1-7 rows), full panels and a last partial one (masked), one panel or
+    hundreds shared out over threads: every output is the float64 product to float32 summation error."""
+    rng = np.random.default_rng(m * 1000 + n)
+    x, w = rng.standard_normal((m, k), dtype=np.float32), rng.standard_normal((k, n), dtype=np.float32)
+    y = jax.jit(lambda x, w: pm.panel_matmul(x, pm.to_panel_order(w)))(x, w)
+    ref = x.astype(np.float64) @ w.astype(np.float64)
+    assert y.shape == (m, n) and y.dtype == jnp.float32
+    np.testing.assert_allclose(np.asarray(y), ref, rtol=1e-5, atol=1e-6 * k + 4e-6 * math.sqrt(k))
+
+
+@needs_kernel
+def test_a_pure_op_in_a_jitted_loop():
+    """The call is a pure op in a jitted loop (the decode loop's use): ten steps equal ten numpy steps."""
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal((16, 96), dtype=np.float32), rng.standard_normal((96, 96), dtype=np.float32) * 0.1
+    panels = pm.to_panel_order(jnp.asarray(w))
+    y = jax.jit(lambda x: jax.lax.fori_loop(0, 10, lambda i, h: jnp.tanh(pm.panel_matmul(h, panels)), x))(x)
+    ref = x.astype(np.float64)
+    for _ in range(10):
+        ref = np.tanh(ref @ w)
+    np.testing.assert_allclose(np.asarray(y), ref, atol=1e-5)
+
+
+def test_refuses_other_dtypes_and_mismatched_shapes():
+    x = jnp.ones((4, 8), jnp.float32)
+    with pytest.raises(ValueError, match="float32 only"):
+        pm.panel_matmul(x.astype(jnp.bfloat16), jnp.ones((8, 48), jnp.bfloat16))
+    with pytest.raises(ValueError, match=r"\[M, K\] and \[K, N\]"):
+        pm.panel_matmul(x, jnp.ones((9, 48), jnp.float32))
+
+
+def test_a_failed_build_names_the_command_and_leaves_no_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("CXX", "false")
+    target = tmp_path / "kernels" / "panel_matmul-x.so"
+    with pytest.raises(RuntimeError, match=r"`false .*panel_matmul\.cc` failed"):
+        pm._build(target)
+    assert list(target.parent.iterdir()) == []
+
+
+@needs_kernel
+def test_builds_into_a_fresh_cache(tmp_path):
+    """What a clean machine's first call does: compile the source into the cache folder, load it, find the handler."""
+    import ctypes
+
+    target = tmp_path / "fresh" / "panel_matmul-y.so"
+    pm._build(target)
+    assert ctypes.cdll.LoadLibrary(str(target)).JaxrlHfPanelMatmul
+    assert [p.name for p in target.parent.iterdir()] == [target.name]
+
+
+def test_switched_off_by_the_environment(monkeypatch):
+    monkeypatch.setenv("JAXRL_HF_CPU_KERNELS", "0")
+    assert pm.available.__wrapped__() is False
