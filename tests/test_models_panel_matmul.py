@@ -20,9 +20,10 @@ def test_panel_order_is_column_panels_row_after_row_then_the_remaining_columns()
     w = np.arange(k * n, dtype=np.float32).reshape(k, n)
     expected = [w[r, p * pm.PANEL:(p + 1) * pm.PANEL] for p in range(2) for r in range(k)]
     expected += [w[r, 2 * pm.PANEL:] for r in range(k)]
-    got = np.asarray(pm.to_panel_order(jnp.asarray(w)))
+    got = pm.to_panel_order(jnp.asarray(w))
     assert got.shape == (k, n)
-    np.testing.assert_array_equal(got.reshape(-1), np.concatenate(expected))
+    np.testing.assert_array_equal(np.asarray(got).reshape(-1), np.concatenate(expected))
+    np.testing.assert_array_equal(np.asarray(pm.from_panel_order(got)), w)
 
 
 @needs_kernel

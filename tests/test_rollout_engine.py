@@ -344,9 +344,9 @@ def test_unrolled_layers_give_the_scanned_loops_samples(overrides, n, max_new):
 
 @pytest.mark.skipif(not panel_matmul.available(), reason="needs the panel matmul kernel (x86-64, AVX-512, g++)")
 def test_panel_weights_decode_gives_the_plain_unrolled_loops_samples():
-    """The decode steps' projections and (untied) LM head in `models.panel_matmul` over weights in panel order
-    (the CPU float32 default where the kernel builds): the same tokens as XLA's dots over the same per-layer
-    weights, log-probs to float32 summation order; the prefill keeps XLA's dots."""
+    """The projections and (untied) LM head in `models.panel_matmul` over weights held in panel order (the CPU
+    float32 default where the kernel builds), in the prefill and the decode steps: the same tokens as XLA's dots
+    over the same per-layer weights, log-probs to float32 summation order; ``params`` reads back the tree set."""
     config = tiny_config(vocab_size=61, eos_token_ids=(), qkv_bias=True, o_bias=True, tie_word_embeddings=True)
     params = random_params(config, seed=4)
     sp = SamplingParams(temperature=1.0, n=2, max_new_tokens=9, seed=5)
@@ -359,8 +359,10 @@ def test_panel_weights_decode_gives_the_plain_unrolled_loops_samples():
     panels._program = lambda *args, **kw: calls.append((args, kw)) or program(*args, **kw)
     panels.generate(_prompts(lengths=(5, 3, 7)), sp)
     hlo = program.lower(*calls[0][0], **calls[0][1]).compile().as_text()
-    # 7 projections per layer and the LM head, in the decode loop's body only
-    assert hlo.count(f'custom_call_target="{panel_matmul.TARGET}"') == 7 * config.num_hidden_layers + 1
+    # 7 projections per layer and the LM head, in the prefill and in the decode loop's body
+    assert hlo.count(f'custom_call_target="{panel_matmul.TARGET}"') == 2 * (7 * config.num_hidden_layers + 1)
+    for x, y in zip(jax.tree.leaves(panels.params), jax.tree.leaves(params)):
+        assert np.array_equal(np.asarray(x), np.asarray(y))
 
 
 def test_panel_weights_are_refused_where_they_cannot_run():

@@ -51,7 +51,7 @@ class DecoderConfig:
     of at most ``r`` rows (segment ids ``1 .. r``) of at most ``T`` tokens each, and attention runs one row at a
     time (`jaxrl_hf.models.packed_attention.per_row_attention`); set per program by the packed forward passes.
     ``panel_weights``: every projection kernel holds its ``[fan_in, fan_out]`` matrix in panel order and is applied
-    by `jaxrl_hf.models.panel_matmul` (float32 only); set by the CPU decode loop (`layer_unrolled.in_panels`).
+    by `jaxrl_hf.models.panel_matmul` (float32 only); set by the CPU generation program (`layer_unrolled.panel_module`).
     """
 
     vocab_size: int

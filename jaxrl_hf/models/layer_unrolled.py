@@ -17,8 +17,8 @@ each layer reads its own arrays, which need no slicing:
   (`attention.stored_attention`: one softmax over its slots, no separate scores for them and no concatenation;
   7 of 90 ms a float32 step at 64 rows, docs/BENCHMARKS.md).
 
-* `in_panels` gives the decode loop's module and weights with every projection kernel in panel order
-  (`models.panel_matmul`: ~1.4x XLA:CPU's dot at a 64-row float32 step), the LM head untied into ``lm_head``.
+* `to_panels` / `panel_module`: the weights with every projection kernel in panel order and the module that
+  reads them (`models.panel_matmul`: ~1.4x XLA:CPU's dot at a 64-row float32 step), the LM head untied.
 
 The numbers are those of the scanned decoder up to float32 summation order: the same layer module, the same
 keys seen, the same rounding of the new keys/values (`tests/test_rollout_engine.py`).
@@ -34,7 +34,7 @@ import jax.numpy as jnp
 
 from jaxrl_hf.models.config import DecoderConfig
 from jaxrl_hf.models.llama import CausalLM, DecoderLayer, KVCache
-from jaxrl_hf.models.panel_matmul import to_panel_order
+from jaxrl_hf.models.panel_matmul import from_panel_order, to_panel_order
 
 Params = Any
 
@@ -56,23 +56,38 @@ FAN_IN_DIMS = {"o_proj": 2}
 """Leading kernel dims a projection contracts (``llama.Attention``'s ``o_proj``: heads and head_dim); others 1."""
 
 
-def in_panels(module: CausalLM, params: tuple[Params, tuple[Params, ...]]) -> tuple[CausalLM, tuple]:
-    """``(module, split weights)`` with ``DecoderConfig.panel_weights``: each layer's projection kernels hold their
-    ``[fan_in, fan_out]`` matrices in panel order (float32; same shapes), and the LM head is a separate
-    ``lm_head/kernel`` in panel order (the embedding transposed when tied; the embedding stays for the lookup)."""
-    rest, layers = params
+def panel_module(module: CausalLM) -> CausalLM:
+    """The module that runs on `to_panels` weights (``DecoderConfig.panel_weights``, its LM head untied)."""
+    return CausalLM(module.config.replace(panel_weights=True, tie_word_embeddings=False), module.mesh, module.rules)
 
-    def panel(path: tuple, leaf: jnp.ndarray) -> jnp.ndarray:
+
+def to_panels(params: tuple[Params, tuple[Params, ...]]) -> tuple[Params, tuple[Params, ...]]:
+    """`split_layers` weights with each layer's projection kernels holding their ``[fan_in, fan_out]`` matrices in
+    panel order (float32; same shapes), and the LM head as ``lm_head/kernel`` in panel order (the embedding
+    transposed when tied; the embedding stays for the lookup)."""
+    rest, layers = params
+    head = rest["lm_head"]["kernel"] if "lm_head" in rest else rest["model"]["embed_tokens"]["embedding"].T
+    rest = {**rest, "lm_head": {"kernel": to_panel_order(head.astype(jnp.float32))}}
+    return rest, _map_kernels(lambda w: to_panel_order(w.astype(jnp.float32)), layers)
+
+
+def from_panels(params: tuple[Params, tuple[Params, ...]], tied: bool) -> tuple[Params, tuple[Params, ...]]:
+    """`to_panels` inverted (``tied``: the LM head was the embedding, and is dropped)."""
+    rest, layers = params
+    head = {} if tied else {"lm_head": {"kernel": from_panel_order(rest["lm_head"]["kernel"])}}
+    rest = {**{k: v for k, v in rest.items() if k != "lm_head"}, **head}
+    return rest, _map_kernels(from_panel_order, layers)
+
+
+def _map_kernels(fn: Any, layers: tuple[Params, ...]) -> tuple[Params, ...]:
+    """``fn`` applied to each projection kernel as its ``[fan_in, fan_out]`` matrix (same shapes back)."""
+    def apply(path: tuple, leaf: jnp.ndarray) -> jnp.ndarray:
         names = [getattr(key, "key", None) for key in path]
         if names[-1] != "kernel":
             return leaf
         fan_in = math.prod(leaf.shape[:FAN_IN_DIMS.get(names[-2], 1)])
-        return to_panel_order(leaf.astype(jnp.float32).reshape(fan_in, -1)).reshape(leaf.shape)
-
-    head = rest["lm_head"]["kernel"] if "lm_head" in rest else rest["model"]["embed_tokens"]["embedding"].T
-    rest = {**rest, "lm_head": {"kernel": to_panel_order(head.astype(jnp.float32))}}
-    config = module.config.replace(panel_weights=True, tie_word_embeddings=False)
-    return CausalLM(config, module.mesh, module.rules), (rest, jax.tree_util.tree_map_with_path(panel, layers))
+        return fn(leaf.reshape(fan_in, -1)).reshape(leaf.shape)
+    return jax.tree_util.tree_map_with_path(apply, layers)
 
 
 def init_layer_caches(config: DecoderConfig, batch: int, cache_len: int, dtype: Any,

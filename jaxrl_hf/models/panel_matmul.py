@@ -45,6 +45,15 @@ def to_panel_order(w: jnp.ndarray) -> jnp.ndarray:
     return jnp.concatenate([panels, w[:, full:].reshape(-1)]).reshape(k, n)
 
 
+def from_panel_order(w_panels: jnp.ndarray) -> jnp.ndarray:
+    """`to_panel_order` inverted: the row-major ``[K, N]`` matrix."""
+    k, n = w_panels.shape
+    full = n - n % PANEL
+    flat = w_panels.reshape(-1)
+    panels = flat[:k * full].reshape(full // PANEL, k, PANEL).transpose(1, 0, 2).reshape(k, full)
+    return jnp.concatenate([panels, flat[k * full:].reshape(k, n - full)], axis=1)
+
+
 def panel_matmul(x: jnp.ndarray, w_panels: jnp.ndarray) -> jnp.ndarray:
     """``x [M, K] · w [K, N]`` in float32 for ``w_panels = to_panel_order(w)`` (needs `available`)."""
     if x.ndim != 2 or w_panels.ndim != 2 or x.shape[1] != w_panels.shape[0]:

@@ -142,9 +142,10 @@ def _generate_program(params: Any, prompt_ids: jnp.ndarray, prompt_mask: jnp.nda
     ``share`` > 1: ``prompt_ids`` holds each prompt once and the ``row_valid.shape[0]`` rows are its ``share``
     samples in a row; the prompt is prefilled once and its keys/values and first-token logits are copied to its
     samples (the n samples of a prompt share one prefill, as vLLM's prefix cache does). ``unrolled``: ``params``
-    are `layer_unrolled.split_layers` weights and the cache is one array pair per layer; ``panels``: the decode steps
-    (not the prefill) read the weights in panel order (`layer_unrolled.in_panels`, a copy made once per call)."""
+    are `layer_unrolled.split_layers` weights and the cache is one array pair per layer; ``panels``: in panel order
+    too (`layer_unrolled.to_panels`), read by `layer_unrolled.panel_module`."""
     batch, prompt_len = row_valid.shape[0], prompt_ids.shape[1]
+    module = layer_unrolled.panel_module(module) if panels else module
     ends = decode_phases(max_new) if unrolled else (max_new,)
     if unrolled:
         cache = layer_unrolled.init_layer_caches(config, batch, prompt_len + ends[0], cache_dtype, keys_transposed)
@@ -158,7 +159,6 @@ def _generate_program(params: Any, prompt_ids: jnp.ndarray, prompt_mask: jnp.nda
     logits, cache = _prefill(params, cache, prompt_ids, prompt_mask, prefill_mask, module=module, config=config,
                              share=share, batch=batch)
     logits = _repeat_rows(logits, share, batch)
-    decode_module, decode_params = layer_unrolled.in_panels(module, params) if panels else (module, params)
     full_mask = _repeat_rows(prefill_mask, share, batch)
     positions = default_positions(_repeat_rows(prompt_mask, share, batch))
     sample = partial(sample_tokens, temperature=temperature, top_k=top_k, top_p=top_p, use_top_p=use_top_p,
@@ -181,8 +181,8 @@ def _generate_program(params: Any, prompt_ids: jnp.ndarray, prompt_mask: jnp.nda
         out_mask = s["out_mask"].at[:, step].set(emit.astype(jnp.int32))
         out_logp = s["out_logp"].at[:, step].set(jnp.where(emit, s["logp"], 0.0))
         feed = jnp.where(emit, token, pad_id)
-        next_logits, new_cache = decode_step(decode_params, s["cache"], full_mask, feed, s["pos"], prompt_len + step,
-                                             module=decode_module)
+        next_logits, new_cache = decode_step(params, s["cache"], full_mask, feed, s["pos"], prompt_len + step,
+                                             module=module)
         next_token, next_logp = sample(step_keys(step + 1), next_logits)
         return dict(step=step + 1, token=next_token, logp=next_logp, done=s["done"] | hit_stop, pos=s["pos"] + 1,
                     cache=new_cache, out_tokens=out_tokens, out_mask=out_mask, out_logp=out_logp,
@@ -194,6 +194,17 @@ def _generate_program(params: Any, prompt_ids: jnp.ndarray, prompt_mask: jnp.nda
         state = jax.lax.while_loop(lambda s, end=end: (s["step"] < end) & ~jnp.all(s["done"]),
                                    partial(body, full_mask=full_mask[:, :prompt_len + end]), state)
     return state["out_tokens"], state["out_mask"], state["out_logp"], state["stopped"]
+
+
+def _program_form(params: Any, *, layers: int, panels: bool) -> tuple:
+    """A `CausalLM` tree as an unrolled program reads it: split per layer, in panel order with ``panels``."""
+    split = layer_unrolled.split_layers(params, layers)
+    return layer_unrolled.to_panels(split) if panels else split
+
+
+def _tree_form(params: tuple, *, tied: bool, panels: bool) -> Any:
+    """`_program_form` inverted."""
+    return layer_unrolled.stack_layers(layer_unrolled.from_panels(params, tied) if panels else params)
 
 
 def decode_phases(max_new: int) -> tuple[int, ...]:
@@ -244,8 +255,8 @@ class JaxGenerationEngine:
         # float32 keys stored transposed: XLA:CPU's float32 q·kᵀ product over a [slots, head_dim] operand ran
         # 2-3x slower than q·k over [head_dim, slots]; a 16-bit cache's transposed write costs more than it saves
         self.keys_transposed = self.unroll_layers and jnp.dtype(self._cache_storage).itemsize == 4
-        # ... and its float32 projections run in a kernel of ours over weights in panel order (`models.panel_matmul`,
-        # ~1.4x XLA's dot at 64 rows) where it builds (x86-64 with AVX-512 and g++) and one device holds the weights
+        # ... and its float32 projections run in a kernel of ours over weights held in panel order
+        # (`models.panel_matmul`, ~1.4x XLA's dot at 64 rows) where it builds (x86-64, AVX-512, g++) on one device
         self.panel_weights = self._panels_wanted(panel_weights, mesh)
         # The weights in the compute dtype once per set_params (XLA:CPU would convert them in every decode step),
         # for a stacked loop in a form it slices natively (`decode_weights`). A second copy of the weights: on by
@@ -253,8 +264,9 @@ class JaxGenerationEngine:
         self.cast_weights = _on_cpu(mesh) if cast_weights is None else bool(cast_weights)
         cast = compute_dtype_weights if self.unroll_layers else decode_weights
         self._cast = jax.jit(partial(cast, config=config))
-        self._split = jax.jit(partial(layer_unrolled.split_layers, num_layers=config.num_hidden_layers))
-        self._stack = jax.jit(layer_unrolled.stack_layers)
+        layers, panels = config.num_hidden_layers, self.panel_weights
+        self._to_program = jax.jit(partial(_program_form, layers=layers, panels=panels))
+        self._to_tree = jax.jit(partial(_tree_form, tied=config.tie_word_embeddings, panels=panels))
         self._module = make_module(config, mesh, self.rules)
         self._batch_multiple = 1
         if mesh is not None:
@@ -296,22 +308,23 @@ class JaxGenerationEngine:
         if self.mesh is not None:
             params = jax.device_put(params, param_shardings(self.config, self.mesh, self.rules))
         params = self._cast(params) if self.cast_weights else params
-        self._params = self._split(params) if self.unroll_layers else params
+        self._params = self._to_program(params) if self.unroll_layers else params
 
     @property
     def params(self) -> Any:
-        """The weights as a `CausalLM` tree (per-layer weights held by an unrolled engine are stacked anew)."""
-        return self._stack(self._params) if isinstance(self._params, tuple) else self._params
+        """The weights as a `CausalLM` tree (per-layer weights held by an unrolled engine are stacked anew, their
+        kernels back in row-major order)."""
+        return self._to_tree(self._params) if isinstance(self._params, tuple) else self._params
 
     @params.setter
     def params(self, value: Any) -> None:  # a tree laid out by the caller (a hybrid layout's actor), or None
         self._params = value
 
     def _program_params(self) -> Any:
-        """The weights in the program's form: split per layer when unrolled (a tree assigned to ``params`` is
-        split at each call)."""
+        """The weights in the program's form: split per layer when unrolled, in panel order with ``panel_weights``
+        (a tree assigned to ``params`` is converted at each call)."""
         if self.unroll_layers and not isinstance(self._params, tuple):
-            return self._split(self._params)
+            return self._to_program(self._params)
         return self._params
 
     @property

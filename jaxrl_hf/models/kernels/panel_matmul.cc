@@ -4,11 +4,11 @@
 //
 // The kernel: for each panel, blocks of up to 8 rows of x are multiplied into 8 x 48 accumulators (24 AVX-512
 // registers), one rank-1 update per k: three panel loads, eight broadcasts of x, 24 FMAs. A panel (K x 48
-// floats, 110 KB at K = 576) is read from memory once and then reused from L2 by every row block. Each output
-// is one float32 sum over k in order.
+// floats, 110 KB at K = 576) is read from memory once per chunk of 256 rows and reused from L2 by its 32 row
+// blocks; a chunk of x stays in cache while every panel passes. Each output is one float32 sum over k in order.
 //
-// Threads: the panels are claimed one at a time from an atomic counter by the calling thread and by tasks
-// scheduled on XLA's intra-op thread pool. The caller waits only for panels another thread has claimed, so it
+// Threads: the (chunk, panel) items are claimed one at a time from an atomic counter by the calling thread and
+// by tasks scheduled on XLA's intra-op thread pool. The caller waits only for items another thread has claimed, so it
 // never waits on a task that has not started (no deadlock when every pool thread is busy), and a task that
 // starts after the work is gone returns at once (the shared state outlives the call).
 #include <immintrin.h>
@@ -26,6 +26,7 @@ namespace {
 
 constexpr int64_t kPanel = 48;
 constexpr int kRowBlock = 8;
+constexpr int64_t kRowChunk = 256;  // rows of x kept in cache while the panels stream past (a prefill's many rows)
 
 inline __mmask16 Lanes(int64_t width, int v) {  // the lanes of vector v (16 columns) inside a panel's width
   const int64_t n = std::min<int64_t>(std::max<int64_t>(width - 16 * v, 0), 16);
@@ -81,27 +82,29 @@ void Tail(const float* x, int64_t ldx, const float* panel, int64_t width, float*
   }
 }
 
-// Columns [48p, min(48p + 48, N)) of y for every row.
-void Panel(const float* x, const float* w_panels, float* y, int64_t m, int64_t k, int64_t n, int64_t p) {
+// Columns [48p, min(48p + 48, N)) of rows [r0, r1) of y.
+void Panel(const float* x, const float* w_panels, float* y, int64_t r0, int64_t r1, int64_t k, int64_t n,
+           int64_t p) {
   const float* panel = w_panels + p * k * kPanel;
   const int64_t width = std::min(kPanel, n - p * kPanel);
   float* out = y + p * kPanel;
-  int64_t r = 0;
-  for (; r + kRowBlock <= m; r += kRowBlock) Rows<kRowBlock>(x + r * k, k, panel, width, out + r * n, n, k);
-  if (r < m) Tail<kRowBlock - 1>(x + r * k, k, panel, width, out + r * n, n, k, static_cast<int>(m - r));
+  int64_t r = r0;
+  for (; r + kRowBlock <= r1; r += kRowBlock) Rows<kRowBlock>(x + r * k, k, panel, width, out + r * n, n, k);
+  if (r < r1) Tail<kRowBlock - 1>(x + r * k, k, panel, width, out + r * n, n, k, static_cast<int>(r1 - r));
 }
 
 struct Work {
   const float* x;
   const float* w;
   float* y;
-  int64_t m, k, n, panels;
+  int64_t m, k, n, panels, items;  // an item: one panel of one chunk of rows, chunk by chunk
   std::atomic<int64_t> next{0};
   std::atomic<int64_t> done{0};
 
   void Drain() {
-    for (int64_t p; (p = next.fetch_add(1, std::memory_order_relaxed)) < panels;) {
-      Panel(x, w, y, m, k, n, p);
+    for (int64_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < items;) {
+      const int64_t r0 = i / panels * kRowChunk;
+      Panel(x, w, y, r0, std::min(r0 + kRowChunk, m), k, n, i % panels);
       done.fetch_add(1, std::memory_order_release);
     }
   }
@@ -120,10 +123,11 @@ ffi::Error PanelMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::B
   work->k = xd[1];
   work->n = yd[1];
   work->panels = (yd[1] + kPanel - 1) / kPanel;
-  const int64_t helpers = std::min<int64_t>(pool.num_threads(), work->panels) - 1;
+  work->items = work->panels * ((xd[0] + kRowChunk - 1) / kRowChunk);
+  const int64_t helpers = std::min<int64_t>(pool.num_threads(), work->items) - 1;
   for (int64_t t = 0; t < helpers; ++t) pool.Schedule([work] { work->Drain(); });
   work->Drain();
-  while (work->done.load(std::memory_order_acquire) < work->panels) _mm_pause();
+  while (work->done.load(std::memory_order_acquire) < work->items) _mm_pause();
   return ffi::Error::Success();
 }
 
