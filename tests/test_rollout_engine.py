@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from _models_helpers import jit_forward, random_params, tiny_config
-from jaxrl_hf.models import panel_matmul, token_log_probs_and_entropy
+from jaxrl_hf.models import cpu_kernels, token_log_probs_and_entropy
 from jaxrl_hf.rollout import JaxGenerationEngine, SamplingParams, top_k_filter, top_p_filter
 from jaxrl_hf.rollout.padding import DEFAULT_LENGTH_BUCKETS, bucket
 
@@ -329,7 +329,7 @@ def test_unrolled_layers_give_the_scanned_loops_samples(overrides, n, max_new):
     unrolled = JaxGenerationEngine(config, params, **kwargs)
     scanned = JaxGenerationEngine(config, params, unroll_layers=False, **kwargs)
     assert unrolled.unroll_layers and unrolled.keys_transposed and not scanned.unroll_layers
-    assert unrolled.panel_weights == panel_matmul.available() and not scanned.panel_weights
+    assert unrolled.cpu_kernels == cpu_kernels.available() and not scanned.cpu_kernels
     a, b = unrolled.generate(_prompts(lengths=(5, 3, 7)), sp), scanned.generate(_prompts(lengths=(5, 3, 7)), sp)
     assert np.array_equal(a.response_ids, b.response_ids) and np.array_equal(a.response_mask, b.response_mask)
     np.testing.assert_allclose(a.log_probs, b.log_probs, rtol=2e-6, atol=2e-6)  # the products' summation order
@@ -342,16 +342,20 @@ def test_unrolled_layers_give_the_scanned_loops_samples(overrides, n, max_new):
     assert not _sliced_shapes(unrolled, sp) & layer_shapes
 
 
-@pytest.mark.skipif(not panel_matmul.available(), reason="needs the panel matmul kernel (x86-64, AVX-512, g++)")
-def test_panel_weights_decode_gives_the_plain_unrolled_loops_samples():
-    """The projections and (untied) LM head in `models.panel_matmul` over weights held in panel order (the CPU
-    float32 default where the kernel builds), in the prefill and the decode steps: the same tokens as XLA's dots
-    over the same per-layer weights, log-probs to float32 summation order; ``params`` reads back the tree set."""
-    config = tiny_config(vocab_size=61, eos_token_ids=(), qkv_bias=True, o_bias=True, tie_word_embeddings=True)
+@pytest.mark.skipif(not cpu_kernels.available(), reason="needs the CPU kernels (x86-64, AVX-512, g++)")
+@pytest.mark.parametrize("overrides", [dict(qkv_bias=True, o_bias=True, tie_word_embeddings=True),
+                                       dict(sliding_window=4, layer_types=("sliding_attention", "full_attention"))],
+                         ids=["bias, tied", "windows"])
+def test_cpu_kernels_decode_gives_the_plain_unrolled_loops_samples(overrides):
+    """The CPU float32 default where the kernels build (`models.cpu_kernels`): the projections and (untied) LM head
+    over weights held in panel order, in the prefill and the decode steps, and the decode steps' attention over the
+    stored cache. The same tokens as XLA's ops over the same per-layer weights, log-probs to float32 summation
+    order; ``params`` reads back the tree set."""
+    config = tiny_config(vocab_size=61, eos_token_ids=(), **overrides)
     params = random_params(config, seed=4)
     sp = SamplingParams(temperature=1.0, n=2, max_new_tokens=9, seed=5)
     kwargs = dict(pad_token_id=PAD, eos_token_ids=(), length_buckets=(8, 16), batch_buckets=(4, 8, 16))
-    panels, plain = (JaxGenerationEngine(config, params, panel_weights=p, **kwargs) for p in (True, False))
+    panels, plain = (JaxGenerationEngine(config, params, cpu_kernels=p, **kwargs) for p in (True, False))
     a, b = panels.generate(_prompts(lengths=(5, 3, 7)), sp), plain.generate(_prompts(lengths=(5, 3, 7)), sp)
     assert np.array_equal(a.response_ids, b.response_ids)
     np.testing.assert_allclose(a.log_probs, b.log_probs, rtol=2e-6, atol=2e-6)
@@ -359,16 +363,17 @@ def test_panel_weights_decode_gives_the_plain_unrolled_loops_samples():
     panels._program = lambda *args, **kw: calls.append((args, kw)) or program(*args, **kw)
     panels.generate(_prompts(lengths=(5, 3, 7)), sp)
     hlo = program.lower(*calls[0][0], **calls[0][1]).compile().as_text()
-    # 7 projections per layer and the LM head, in the prefill and in the decode loop's body
-    assert hlo.count(f'custom_call_target="{panel_matmul.TARGET}"') == 2 * (7 * config.num_hidden_layers + 1)
+    # 7 projections per layer and the LM head, in the prefill and in the decode loop's body; attention: the body
+    assert hlo.count('custom_call_target="jaxrl_hf_panel_matmul"') == 2 * (7 * config.num_hidden_layers + 1)
+    assert hlo.count('custom_call_target="jaxrl_hf_cache_attention"') == config.num_hidden_layers
     for x, y in zip(jax.tree.leaves(panels.params), jax.tree.leaves(params)):
         assert np.array_equal(np.asarray(x), np.asarray(y))
 
 
-def test_panel_weights_are_refused_where_they_cannot_run():
+def test_cpu_kernels_are_refused_where_they_cannot_run():
     config = tiny_config(vocab_size=61, dtype="bfloat16")
-    with pytest.raises(ValueError, match=r"panel_weights=True\) needs the unrolled float32 decode"):
-        JaxGenerationEngine(config, random_params(config), pad_token_id=PAD, panel_weights=True)
+    with pytest.raises(ValueError, match=r"cpu_kernels=True\) needs the unrolled float32 decode"):
+        JaxGenerationEngine(config, random_params(config), pad_token_id=PAD, cpu_kernels=True)
 
 
 def test_decode_phases_grow_the_unrolled_caches_in_steps_of_at_least_32():

@@ -3,7 +3,7 @@ and written to HF ``config.json`` by `jaxrl_hf.models.hf_config`.
 
 ``DecoderConfig`` is frozen and hashable so it can be a static argument of ``jax.jit`` and an
 attribute of a flax module. Architecture fields mirror the HF names; ``dtype`` / ``param_dtype`` /
-``remat`` / ``attn_implementation`` / ``scan_layers`` / ``packed_rows`` / ``panel_weights`` are runtime options that
+``remat`` / ``attn_implementation`` / ``scan_layers`` / ``packed_rows`` / ``cpu_kernels`` are runtime options that
 never appear in ``config.json``.
 """
 
@@ -50,8 +50,9 @@ class DecoderConfig:
     full layers use ``rope_theta`` and ``rope_scaling``). ``packed_rows = (r, T)``: the input is packed sequences
     of at most ``r`` rows (segment ids ``1 .. r``) of at most ``T`` tokens each, and attention runs one row at a
     time (`jaxrl_hf.models.packed_attention.per_row_attention`); set per program by the packed forward passes.
-    ``panel_weights``: every projection kernel holds its ``[fan_in, fan_out]`` matrix in panel order and is applied
-    by `jaxrl_hf.models.panel_matmul` (float32 only); set by the CPU generation program (`layer_unrolled.panel_module`).
+    ``cpu_kernels`` (float32 only; set by the CPU generation program, `layer_unrolled.cpu_kernel_module`): every
+    projection kernel holds its ``[fan_in, fan_out]`` matrix in panel order, applied by `models.panel_matmul`, and
+    attention over a stored cache runs in `models.cpu_kernels.cache_attention`.
     """
 
     vocab_size: int
@@ -87,7 +88,7 @@ class DecoderConfig:
     attn_implementation: str = "auto"
     scan_layers: bool = True
     packed_rows: tuple[int, ...] = ()
-    panel_weights: bool = False
+    cpu_kernels: bool = False
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -126,8 +127,8 @@ class DecoderConfig:
                 not isinstance(n, int) or isinstance(n, bool) or n < 1 for n in self.packed_rows)):
             raise ValueError(f"DecoderConfig.packed_rows={self.packed_rows!r} must be () or (rows per packed "
                              "sequence, longest row), two positive ints")
-        if self.panel_weights and self.dtype != "float32":
-            raise ValueError(f"DecoderConfig.panel_weights needs dtype float32, got {self.dtype!r}")
+        if self.cpu_kernels and self.dtype != "float32":
+            raise ValueError(f"DecoderConfig.cpu_kernels needs dtype float32, got {self.dtype!r}")
         if self.attn_implementation not in SUPPORTED_ATTN_IMPLEMENTATIONS:
             raise ValueError(f"DecoderConfig.attn_implementation={self.attn_implementation!r} (config key "
                              f"model.attn_implementation); valid: {SUPPORTED_ATTN_IMPLEMENTATIONS}")

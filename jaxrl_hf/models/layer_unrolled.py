@@ -17,8 +17,8 @@ each layer reads its own arrays, which need no slicing:
   (`attention.stored_attention`: one softmax over its slots, no separate scores for them and no concatenation;
   7 of 90 ms a float32 step at 64 rows, docs/BENCHMARKS.md).
 
-* `to_panels` / `panel_module`: the weights with every projection kernel in panel order and the module that
-  reads them (`models.panel_matmul`: ~1.4x XLA:CPU's dot at a 64-row float32 step), the LM head untied.
+* `to_panels` / `cpu_kernel_module`: the weights with every projection kernel in panel order and the module
+  that runs them in `models.cpu_kernels` (`DecoderConfig.cpu_kernels`; the LM head untied).
 
 The numbers are those of the scanned decoder up to float32 summation order: the same layer module, the same
 keys seen, the same rounding of the new keys/values (`tests/test_rollout_engine.py`).
@@ -56,9 +56,10 @@ FAN_IN_DIMS = {"o_proj": 2}
 """Leading kernel dims a projection contracts (``llama.Attention``'s ``o_proj``: heads and head_dim); others 1."""
 
 
-def panel_module(module: CausalLM) -> CausalLM:
-    """The module that runs on `to_panels` weights (``DecoderConfig.panel_weights``, its LM head untied)."""
-    return CausalLM(module.config.replace(panel_weights=True, tie_word_embeddings=False), module.mesh, module.rules)
+def cpu_kernel_module(module: CausalLM) -> CausalLM:
+    """The module that runs on `to_panels` weights in `models.cpu_kernels` (``DecoderConfig.cpu_kernels``; its LM
+    head untied)."""
+    return CausalLM(module.config.replace(cpu_kernels=True, tie_word_embeddings=False), module.mesh, module.rules)
 
 
 def to_panels(params: tuple[Params, tuple[Params, ...]]) -> tuple[Params, tuple[Params, ...]]:

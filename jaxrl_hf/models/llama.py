@@ -141,7 +141,7 @@ class _Proj(nn.Module):
     param_dtype: Any
     contract_dims: int = 1  # how many trailing dims of x are contracted
     f32_out: bool = False  # float32 results from a 16-bit compute dtype (the LM head's logits)
-    panels: bool = False  # the kernel holds [fan_in, fan_out] in panel order (`DecoderConfig.panel_weights`)
+    panels: bool = False  # the kernel holds [fan_in, fan_out] in panel order (`DecoderConfig.cpu_kernels`)
 
     @nn.compact
     def __call__(self, x: Array) -> Array:
@@ -169,7 +169,7 @@ class _Proj(nn.Module):
 
 
 def _projections(c: DecoderConfig) -> Any:
-    return functools.partial(_Proj, dtype=_dtype(c.dtype), param_dtype=_dtype(c.param_dtype), panels=c.panel_weights)
+    return functools.partial(_Proj, dtype=_dtype(c.dtype), param_dtype=_dtype(c.param_dtype), panels=c.cpu_kernels)
 
 
 class Attention(nn.Module):
@@ -240,7 +240,7 @@ class Attention(nn.Module):
         qg = q.reshape(b, t, k, h // k, d)
         if store and layer_cache is not None:  # the new keys already in the cache: eager over its slots
             out = stored_attention(qg, layer_cache, attention_mask, cache_index, c.attention_scale, window,
-                                   c.attn_logit_softcapping)
+                                   c.attn_logit_softcapping, c.cpu_kernels)
         elif layer_cache is not None and layer_cache["v"].shape[2]:  # decode / chunked prefill: eager over the cache
             out = cached_attention(qg, kk, v, layer_cache, attention_mask, cache_index, c.attention_scale, window,
                                    c.attn_logit_softcapping)
@@ -409,7 +409,7 @@ class CausalLM(nn.Module):
         self.model = Decoder(c, self.mesh, self.rules)
         if not c.tie_word_embeddings:
             self.lm_head = _Proj(c.hidden_size, (c.vocab_size,), ("embed", "vocab"), None,
-                                 _dtype(c.dtype), _dtype(c.param_dtype), f32_out=True, panels=c.panel_weights)
+                                 _dtype(c.dtype), _dtype(c.param_dtype), f32_out=True, panels=c.cpu_kernels)
 
     def hidden_states_and_new_kv(self, input_ids: Array, positions: Array, attention_mask: Array,
                                  cache: KVCache | None = None,

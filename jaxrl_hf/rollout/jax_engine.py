@@ -27,7 +27,7 @@ import numpy as np
 
 from jaxrl_hf.mesh.rules import logical_to_spec
 from jaxrl_hf.models.config import DecoderConfig
-from jaxrl_hf.models import layer_unrolled, panel_matmul
+from jaxrl_hf.models import cpu_kernels, layer_unrolled
 from jaxrl_hf.models.forward import compute_dtype_weights, decode_weights, make_module, param_shardings
 from jaxrl_hf.models.llama import (KV_CACHE_LOGICAL_AXES, CausalLM, default_positions, init_kv_cache,
                                    write_kv_cache)
@@ -136,16 +136,16 @@ def _generate_program(params: Any, prompt_ids: jnp.ndarray, prompt_mask: jnp.nda
                       config: DecoderConfig, max_new: int, top_k: int, use_top_p: bool, greedy: bool,
                       logprobs_mode: str, stop_ids: tuple[int, ...], pad_id: int, cache_dtype: str,
                       share: int = 1, unrolled: bool = False, keys_transposed: bool = False,
-                      panels: bool = False) -> tuple:
+                      cpu_kernels: bool = False) -> tuple:
     """Prefill + decode loop (pure; jitted by the engine). Returns (tokens, mask, logprobs, stopped).
 
     ``share`` > 1: ``prompt_ids`` holds each prompt once and the ``row_valid.shape[0]`` rows are its ``share``
     samples in a row; the prompt is prefilled once and its keys/values and first-token logits are copied to its
     samples (the n samples of a prompt share one prefill, as vLLM's prefix cache does). ``unrolled``: ``params``
-    are `layer_unrolled.split_layers` weights and the cache is one array pair per layer; ``panels``: in panel order
-    too (`layer_unrolled.to_panels`), read by `layer_unrolled.panel_module`."""
+    are `layer_unrolled.split_layers` weights and the cache is one array pair per layer; ``cpu_kernels``: in panel
+    order too (`layer_unrolled.to_panels`), run by `layer_unrolled.cpu_kernel_module`."""
     batch, prompt_len = row_valid.shape[0], prompt_ids.shape[1]
-    module = layer_unrolled.panel_module(module) if panels else module
+    module = layer_unrolled.cpu_kernel_module(module) if cpu_kernels else module
     ends = decode_phases(max_new) if unrolled else (max_new,)
     if unrolled:
         cache = layer_unrolled.init_layer_caches(config, batch, prompt_len + ends[0], cache_dtype, keys_transposed)
@@ -230,7 +230,7 @@ class JaxGenerationEngine:
                  length_buckets: Sequence[int] = DEFAULT_LENGTH_BUCKETS,
                  batch_buckets: Sequence[int] = DEFAULT_BATCH_BUCKETS, cache_dtype: str | None = None,
                  cast_weights: bool | None = None, cache_as_bits: bool | None = None,
-                 unroll_layers: bool | None = None, panel_weights: bool | None = None) -> None:
+                 unroll_layers: bool | None = None, cpu_kernels: bool | None = None) -> None:
         if (mesh is None) != (rules is None):
             raise ValueError("JaxGenerationEngine: pass both mesh and rules, or neither")
         # Decoding keeps the layer loop whatever model.scan_layers says for training: an unrolled f32 decode
@@ -255,16 +255,16 @@ class JaxGenerationEngine:
         # float32 keys stored transposed: XLA:CPU's float32 q·kᵀ product over a [slots, head_dim] operand ran
         # 2-3x slower than q·k over [head_dim, slots]; a 16-bit cache's transposed write costs more than it saves
         self.keys_transposed = self.unroll_layers and jnp.dtype(self._cache_storage).itemsize == 4
-        # ... and its float32 projections run in a kernel of ours over weights held in panel order
-        # (`models.panel_matmul`, ~1.4x XLA's dot at 64 rows) where it builds (x86-64, AVX-512, g++) on one device
-        self.panel_weights = self._panels_wanted(panel_weights, mesh)
+        # ... and its float32 projections and attention run in kernels of ours (`models.cpu_kernels`: weights held in
+        # panel order; ~1.4x XLA's ops at 64 rows) where they build (x86-64, AVX-512, g++), on one device
+        self.cpu_kernels = self._cpu_kernels_wanted(cpu_kernels, mesh)
         # The weights in the compute dtype once per set_params (XLA:CPU would convert them in every decode step),
         # for a stacked loop in a form it slices natively (`decode_weights`). A second copy of the weights: on by
         # default where that is host memory.
         self.cast_weights = _on_cpu(mesh) if cast_weights is None else bool(cast_weights)
         cast = compute_dtype_weights if self.unroll_layers else decode_weights
         self._cast = jax.jit(partial(cast, config=config))
-        layers, panels = config.num_hidden_layers, self.panel_weights
+        layers, panels = config.num_hidden_layers, self.cpu_kernels
         self._to_program = jax.jit(partial(_program_form, layers=layers, panels=panels))
         self._to_tree = jax.jit(partial(_tree_form, tied=config.tie_word_embeddings, panels=panels))
         self._module = make_module(config, mesh, self.rules)
@@ -277,7 +277,7 @@ class JaxGenerationEngine:
             return _generate_program(*args, **kwargs)
 
         statics = ("module", "config", "max_new", "top_k", "use_top_p", "greedy", "logprobs_mode", "stop_ids",
-                   "pad_id", "cache_dtype", "share", "unrolled", "keys_transposed", "panels")
+                   "pad_id", "cache_dtype", "share", "unrolled", "keys_transposed", "cpu_kernels")
         self._program = jax.jit(program, static_argnames=statics)
 
         def keyed_program(params: Any, ids: Any, mask: Any, valid: Any, key_data: Any, *args: Any,
@@ -292,14 +292,14 @@ class JaxGenerationEngine:
         self._params = None
         self.set_params(params)
 
-    def _panels_wanted(self, wanted: bool | None, mesh: jax.sharding.Mesh | None) -> bool:
+    def _cpu_kernels_wanted(self, wanted: bool | None, mesh: jax.sharding.Mesh | None) -> bool:
         fits = self.unroll_layers and self.config.dtype == "float32" and (mesh is None or mesh.devices.size == 1)
         if wanted is None:
-            return fits and panel_matmul.available()
-        if wanted and not (fits and panel_matmul.available()):
-            raise ValueError("JaxGenerationEngine(panel_weights=True) needs the unrolled float32 decode on one CPU "
+            return fits and cpu_kernels.available()
+        if wanted and not (fits and cpu_kernels.available()):
+            raise ValueError("JaxGenerationEngine(cpu_kernels=True) needs the unrolled float32 decode on one CPU "
                              f"device (unroll_layers={self.unroll_layers}, dtype {self.config.dtype}) and the "
-                             f"panel matmul kernel (available: {panel_matmul.available()}; its log says why not)")
+                             f"kernels built (available: {cpu_kernels.available()}; the log says why not)")
         return bool(wanted)
 
     # ------------------------------------------------------------------------------------------
@@ -321,7 +321,7 @@ class JaxGenerationEngine:
         self._params = value
 
     def _program_params(self) -> Any:
-        """The weights in the program's form: split per layer when unrolled, in panel order with ``panel_weights``
+        """The weights in the program's form: split per layer when unrolled, in panel order with ``cpu_kernels``
         (a tree assigned to ``params`` is converted at each call)."""
         if self.unroll_layers and not isinstance(self._params, tuple):
             return self._to_program(self._params)
@@ -376,7 +376,8 @@ class JaxGenerationEngine:
             config=self.config, max_new=int(sampling.max_new_tokens), top_k=int(sampling.top_k),
             use_top_p=sampling.top_p < 1.0, greedy=sampling.is_greedy, logprobs_mode=sampling.logprobs_mode,
             stop_ids=stop_ids, pad_id=self.pad_token_id, cache_dtype=self._cache_storage, share=share,
-            unrolled=self.unroll_layers, keys_transposed=self.keys_transposed, panels=self.panel_weights)
+            unrolled=self.unroll_layers, keys_transposed=self.keys_transposed,
+            cpu_kernels=self.cpu_kernels)
         tokens, out_mask, logp, stopped = jax.device_get((tokens, out_mask, logp, stopped))
         return GenerationOutput(
             prompt_ids=ids, prompt_mask=mask, response_ids=np.asarray(tokens[:rows]),
@@ -437,7 +438,8 @@ class JaxGenerationEngine:
             config=self.config, max_new=int(sampling.max_new_tokens), top_k=int(sampling.top_k),
             use_top_p=sampling.top_p < 1.0, greedy=sampling.is_greedy, logprobs_mode=sampling.logprobs_mode,
             stop_ids=self._stop_ids(sampling), pad_id=self.pad_token_id, cache_dtype=self._cache_storage,
-            unrolled=self.unroll_layers, keys_transposed=self.keys_transposed, panels=self.panel_weights)
+            unrolled=self.unroll_layers, keys_transposed=self.keys_transposed,
+            cpu_kernels=self.cpu_kernels)
         tokens, out_mask, logp, stopped = (mp.local_rows(x)[:rows] for x in out)
         return GenerationOutput(
             prompt_ids=ids, prompt_mask=mask, response_ids=tokens.astype(np.int32),

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+from jaxrl_hf.models import cpu_kernels  # noqa: E402
 from jaxrl_hf.models import panel_matmul as pm  # noqa: E402
 
 SHAPES = {"q_proj / o_proj": (576, 576), "k_proj / v_proj": (576, 192), "gate_proj / up_proj": (576, 1536),
@@ -59,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
-    if not pm.available():
+    if not cpu_kernels.available():
         raise SystemExit("bench_panel_matmul: the panel matmul kernel is unavailable here (x86-64 with AVX-512 and "
                          "g++ needed; JAXRL_HF_CPU_KERNELS=0 switches it off)")
     xla, panel = chain(jnp.dot), chain(pm.panel_matmul)

@@ -1,5 +1,6 @@
-"""`jaxrl_hf.models.panel_matmul`: the float32 CPU matmul over weights in panel order (an XLA FFI kernel built with
-the machine's g++ on first use), against numpy float64; its layout; its refusals; and its build's failure."""
+"""`jaxrl_hf.models.cpu_kernels` (XLA FFI kernels built with the machine's g++ on first use): the float32 matmul
+over weights in panel order (`models.panel_matmul`) and the attention over a stored KV cache, against numpy
+float64; the panel layout; their refusals; the build, its failure and the switch that turns them off."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxrl_hf.models import cpu_kernels as ck
 from jaxrl_hf.models import panel_matmul as pm
+from jaxrl_hf.models.attention import NEG_INF
 
-needs_kernel = pytest.mark.skipif(not pm.available(), reason="needs x86-64 with AVX-512 and g++ (the kernel's build)")
+needs_kernel = pytest.mark.skipif(not ck.available(), reason="needs x86-64 with AVX-512 and g++ (the kernels' build)")
 
 
 def test_panel_order_is_column_panels_row_after_row_then_the_remaining_columns():
@@ -63,9 +66,9 @@ def test_refuses_other_dtypes_and_mismatched_shapes():
 
 def test_a_failed_build_names_the_command_and_leaves_no_file(tmp_path, monkeypatch):
     monkeypatch.setenv("CXX", "false")
-    target = tmp_path / "kernels" / "panel_matmul-x.so"
-    with pytest.raises(RuntimeError, match=r"`false .*panel_matmul\.cc` failed"):
-        pm._build(target)
+    target = tmp_path / "kernels" / "cpu_kernels-x.so"
+    with pytest.raises(RuntimeError, match=r"`false .*panel_matmul\.cc .*cache_attention\.cc` failed"):
+        ck._build(target)
     assert list(target.parent.iterdir()) == []
 
 
@@ -75,11 +78,43 @@ def test_builds_into_a_fresh_cache(tmp_path):
     import ctypes
 
     target = tmp_path / "fresh" / "panel_matmul-y.so"
-    pm._build(target)
+    ck._build(target)
     assert ctypes.cdll.LoadLibrary(str(target)).JaxrlHfPanelMatmul
     assert [p.name for p in target.parent.iterdir()] == [target.name]
 
 
 def test_switched_off_by_the_environment(monkeypatch):
     monkeypatch.setenv("JAXRL_HF_CPU_KERNELS", "0")
-    assert pm.available.__wrapped__() is False
+    assert ck.available.__wrapped__() is False
+
+
+def _attention_reference(q, kt, v, mask, scale):
+    """numpy float64: softmax over the slots of where(mask, scale q·k, NEG_INF), times the values."""
+    scores = np.einsum("btkgd,bkds->btkgs", q.astype(np.float64), kt.astype(np.float64)) * scale
+    scores = np.where(mask[:, :, None, None, :], scores, NEG_INF)
+    p = np.exp(scores - scores.max(-1, keepdims=True))
+    return np.einsum("btkgs,bksd->btkgd", p / p.sum(-1, keepdims=True), v.astype(np.float64))
+
+
+@needs_kernel
+@pytest.mark.parametrize("b, t, k, g, d, s", [(1, 1, 1, 1, 8, 5), (2, 1, 3, 3, 64, 168), (3, 2, 2, 3, 64, 37),
+                                              (2, 1, 1, 7, 80, 100), (2, 3, 2, 2, 16, 200)])
+def test_cache_attention_equals_numpy_float64(b, t, k, g, d, s):
+    """Row groups of 4 and their tails, slots and head_dim not multiples of 64 (masked lanes), several queries per
+    row (T), and a row whose every slot is masked (XLA's softmax over NEG_INF: every value averaged)."""
+    rng = np.random.default_rng(b * 100 + s)
+    q = rng.standard_normal((b, t, k, g, d), dtype=np.float32)
+    kt = rng.standard_normal((b, k, d, s), dtype=np.float32)
+    v = rng.standard_normal((b, k, s, d), dtype=np.float32)
+    mask = rng.random((b, t, s)) < 0.6
+    mask[0, 0] = False
+    out = jax.jit(ck.cache_attention, static_argnums=4)(q, kt, v, mask, d ** -0.5)
+    assert out.shape == (b, t, k, g, d) and out.dtype == jnp.float32
+    np.testing.assert_allclose(np.asarray(out), _attention_reference(q, kt, v, mask, d ** -0.5), atol=2e-6, rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(out)[0, 0], v[0].mean(1)[:, None].repeat(g, 1), atol=2e-6)
+
+
+def test_cache_attention_refuses_mismatched_shapes():
+    q = jnp.ones((2, 1, 3, 3, 8))
+    with pytest.raises(ValueError, match=r"cache_attention: .* do not fit"):
+        ck.cache_attention(q, jnp.ones((2, 3, 8, 5)), jnp.ones((2, 3, 6, 8)), jnp.ones((2, 1, 5), bool), 1.0)

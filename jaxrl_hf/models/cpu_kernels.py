@@ -1,0 +1,117 @@
+"""The float32 CPU kernels of the decode program: C++ sources in ``kernels/`` called as XLA FFI custom calls.
+
+* ``kernels/panel_matmul.cc``: ``x [M, K] · w [K, N]`` over ``w`` stored in panel order (`models.panel_matmul`);
+* ``kernels/cache_attention.cc``: one layer's attention over a KV cache that holds the new keys already, keys
+  stored transposed (`cache_attention`; `attention.stored_attention` calls it).
+
+Both share the rows of their work among XLA's intra-op threads (the calling thread claims work too, so it never
+waits on a task that has not started). At a 64-row SmolLM2-135M decode step they run the projections at ~430-470
+GFLOP/s of this 2-core EPYC's ~500 (XLA's dot: ~300-330 with the weights streaming from memory) and read the cache
+at ~40 GB/s (XLA's two products and softmax: ~23), `launch/bench/bench_panel_matmul.py`, docs/BENCHMARKS.md.
+
+The library is compiled on first use with the machine's ``g++`` (``-march=native``, ~3 s) into
+``$JAXRL_HF_KERNEL_CACHE`` (default ``~/.cache/jaxrl_hf/kernels``), keyed by the sources, the flags and jax's
+version, written to a temporary file and renamed (concurrent processes never load half a file). `available`
+says whether this process can use it: an x86-64 CPU with AVX-512 (F, BW, VL), a compiler, and
+``JAXRL_HF_CPU_KERNELS`` not ``0``; otherwise the engine keeps XLA's ops (`jax_engine.JaxGenerationEngine`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+KERNELS = Path(__file__).with_name("kernels")
+TARGETS = {"jaxrl_hf_panel_matmul": ("panel_matmul.cc", "JaxrlHfPanelMatmul"),
+           "jaxrl_hf_cache_attention": ("cache_attention.cc", "JaxrlHfCacheAttention")}
+"""XLA custom-call target -> (source file, handler symbol)."""
+_FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-w")
+_CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl")
+log = logging.getLogger(__name__)
+
+
+def cache_attention(q: jnp.ndarray, kt: jnp.ndarray, v: jnp.ndarray, mask: jnp.ndarray, scale: float) -> jnp.ndarray:
+    """``softmax(where(mask, scale · q·kᵀ, NEG_INF)) · v`` in float32 for queries ``q [B, T, K, G, D]`` over keys
+    ``kt [B, K, D, S]`` and values ``v [B, K, S, D]``, ``mask [B, T, S]`` (bool): ``[B, T, K, G, D]`` (needs
+    `available`). A fully masked row averages every slot's value, as XLA's softmax over ``NEG_INF`` does."""
+    b, t, k, g, d = q.shape
+    if kt.shape[:3] != (b, k, d) or v.shape != (b, k, kt.shape[3], d) or mask.shape != (b, t, kt.shape[3]):
+        raise ValueError(f"cache_attention: q {q.shape}, kt {kt.shape}, v {v.shape}, mask {mask.shape} do not fit "
+                         "[B, T, K, G, D], [B, K, D, S], [B, K, S, D], [B, T, S]")
+    rows = q.astype(jnp.float32).transpose(0, 2, 3, 1, 4).reshape(b, k, g * t, d)  # row m: group m // T, query m % T
+    out = jax.ffi.ffi_call("jaxrl_hf_cache_attention", jax.ShapeDtypeStruct(rows.shape, jnp.float32))(
+        rows, kt.astype(jnp.float32), v.astype(jnp.float32), mask.astype(bool), scale=np.float32(scale))
+    return out.reshape(b, k, g, t, d).transpose(0, 3, 1, 2, 4)
+
+
+def _cpu_supported() -> bool:
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return False
+    try:
+        flags = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")),
+                     "")
+    except OSError:
+        return False
+    return set(_CPU_FLAGS) <= set(flags.split())
+
+
+def _sources() -> list[Path]:
+    return [KERNELS / source for source, _ in TARGETS.values()]
+
+
+def _library_path() -> Path:
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in _sources()) + " ".join(_FLAGS).encode()
+                            + jax.__version__.encode())
+    cache = Path(os.environ.get("JAXRL_HF_KERNEL_CACHE") or Path.home() / ".cache" / "jaxrl_hf" / "kernels")
+    return cache / f"cpu_kernels-{digest.hexdigest()[:16]}.so"
+
+
+def _build(target: Path) -> None:
+    """Compile the kernels into ``target`` (written to a temporary file first, then renamed: atomic)."""
+    compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    if compiler is None:
+        raise RuntimeError("no C++ compiler (g++ / c++ / $CXX) on PATH")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    os.close(fd)
+    cmd = [compiler, *_FLAGS, f"-I{jax.ffi.include_dir()}", "-o", tmp, *map(str, _sources())]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode:
+            raise RuntimeError(f"`{' '.join(cmd)}` failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+@functools.cache
+def available() -> bool:
+    """Whether the kernels run in this process (built and registered with XLA:CPU on the first call)."""
+    if os.environ.get("JAXRL_HF_CPU_KERNELS", "1") == "0":
+        return False
+    if not _cpu_supported():
+        return False
+    try:
+        path = _library_path()
+        if not path.exists():
+            _build(path)
+        library = ctypes.cdll.LoadLibrary(str(path))
+        for target, (_, symbol) in TARGETS.items():
+            jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(library, symbol)), platform="cpu")
+    except (OSError, RuntimeError, AttributeError) as err:
+        log.warning("the float32 CPU decode keeps XLA's ops: its kernels are unavailable (%s)", err)
+        return False
+    return True
