@@ -4,7 +4,7 @@
 (columns ``48p .. 48p + 47``) row after row, then the last ``N % 48`` columns row after row, so each panel is one
 contiguous stream that ``kernels/panel_matmul.cc`` reuses from L2 for every 8-row block of a 256-row chunk of
 ``x``; each output is one float32 sum over ``k`` in order (XLA's dot differs from it by float32 summation order).
-At 64 rows it runs SmolLM2-135M's projections ~1.4x faster than XLA:CPU's dot (`launch/bench/bench_panel_matmul.py`).
+At 64 rows it runs SmolLM2-135M's projections ~1.4x faster than XLA:CPU's dot (`launch/bench/bench_cpu_kernels.py`).
 Built and registered by `models.cpu_kernels` (`cpu_kernels.available`).
 """
 
