@@ -10,10 +10,11 @@ GFLOP/s of this 2-core EPYC's ~500 (XLA's dot: ~300-330 with the weights streami
 at ~40 GB/s (XLA's two products and softmax: ~23), `launch/bench/bench_cpu_kernels.py`, docs/BENCHMARKS.md.
 
 The library is compiled on first use with the machine's ``g++`` (``-march=native``, ~3 s) into
-``$JAXRL_HF_KERNEL_CACHE`` (default ``~/.cache/jaxrl_hf/kernels``), keyed by the sources, the flags and jax's
-version, written to a temporary file and renamed (concurrent processes never load half a file). `available`
-says whether this process can use it: an x86-64 CPU with AVX-512 (F, BW, VL), a compiler, and
-``JAXRL_HF_CPU_KERNELS`` not ``0``; otherwise the engine keeps XLA's ops (`jax_engine.JaxGenerationEngine`).
+``$JAXRL_HF_KERNEL_CACHE`` (default ``~/.cache/jaxrl_hf/kernels``), keyed by the sources, the flags, jax's
+version and the CPU's model and flags, written to a temporary file and renamed (concurrent processes never load
+half a file). `available` says whether this process can use it: an x86-64 CPU with AVX-512 (F, BW, VL), a
+compiler, and ``JAXRL_HF_CPU_KERNELS`` not ``0``; otherwise the engine keeps XLA's ops
+(`jax_engine.JaxGenerationEngine`).
 """
 
 from __future__ import annotations
@@ -56,14 +57,20 @@ def cache_attention(q: jnp.ndarray, kt: jnp.ndarray, v: jnp.ndarray, mask: jnp.n
     return out.reshape(b, k, g, t, d).transpose(0, 3, 1, 2, 4)
 
 
+def _cpu_identity() -> str:
+    """This CPU's model name and feature flags (``/proc/cpuinfo``; empty where unreadable)."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return ""
+    first = lambda key: next((line for line in lines if line.startswith(key)), "")  # noqa: E731
+    return f"{first('model name')}\n{first('flags')}"
+
+
 def _cpu_supported() -> bool:
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return False
-    try:
-        flags = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")),
-                     "")
-    except OSError:
-        return False
+    flags = _cpu_identity().split("\n")[-1]
     return set(_CPU_FLAGS) <= set(flags.split())
 
 
@@ -72,8 +79,9 @@ def _sources() -> list[Path]:
 
 
 def _library_path() -> Path:
+    # -march=native: a library is built for this CPU (a cache shared by several machines keeps one per CPU)
     digest = hashlib.sha256(b"".join(p.read_bytes() for p in _sources()) + " ".join(_FLAGS).encode()
-                            + jax.__version__.encode())
+                            + jax.__version__.encode() + _cpu_identity().encode())
     cache = Path(os.environ.get("JAXRL_HF_KERNEL_CACHE") or Path.home() / ".cache" / "jaxrl_hf" / "kernels")
     return cache / f"cpu_kernels-{digest.hexdigest()[:16]}.so"
 

@@ -6,8 +6,9 @@
 **Projections.**
 For each ``K x N`` of SmolLM2-135M's decode step (its q/o, k/v, gate/up and down projections and its LM head),
 a jitted loop of five passes over a chain of ``--layers`` distinct weights (one weight for the LM head) computes
-``x <- x + tanh(x · W_i)[:, :K] / 1000`` (zero columns appended where ``N < K``), as a decode step does: each product needs the one before, and the
-weights (106 MB for 30 gate projections) stream from memory as the step's weights do. ``xla``: ``jnp.dot(x, W)``;
+``x <- x + tanh(x · W_i)[:, :K] / 1000`` (zero columns appended where ``N < K``), as a decode step does: each
+product needs the one before, and the weights (106 MB for 30 gate projections) stream from memory as the step's
+weights do. ``xla``: ``jnp.dot(x, W)``;
 ``panel``: ``panel_matmul(x, to_panel_order(W))`` (the order made once, outside the timing). Both sides alternate
 twice, best of ``--repeats`` calls each, as microseconds per product; ``xla / panel`` > 1 means the kernel is
 faster. The two loops' results are checked equal to float32 summation error.
