@@ -293,7 +293,8 @@ class JaxGenerationEngine:
         self.set_params(params)
 
     def _cpu_kernels_wanted(self, wanted: bool | None, mesh: jax.sharding.Mesh | None) -> bool:
-        fits = self.unroll_layers and self.config.dtype == "float32" and (mesh is None or mesh.devices.size == 1)
+        one_cpu = _on_cpu(mesh) and (mesh is None or mesh.devices.size == 1)
+        fits = one_cpu and self.unroll_layers and self.config.dtype == "float32"
         if wanted is None:
             return fits and cpu_kernels.available()
         if wanted and not (fits and cpu_kernels.available()):
