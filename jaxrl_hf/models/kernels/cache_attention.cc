@@ -51,32 +51,50 @@ struct Work {
   int64_t stride = 1;  // threads: the next item this thread is likely to get
   std::atomic<int64_t> next{0}, done{0};
 
-  // out[r, :width] = scale * sum_i a[r * lda + i] * b[i * ldb + :width] for R rows and i < inner (width <= 64):
-  // R x 4 accumulators, one rank-1 update per i. The scores (a: queries, b: keys over 64 slots) and the weighted
-  // values (a: probabilities, b: values over 64 of head_dim) are both this; `pf_lines` cache lines from `pf` (the
-  // data needed next) are prefetched along the way.
+  // scores of rows [i0, i0 + R) over slots [j0, j0 + 64): R x 4 accumulators, one k row of 64 slots per step.
+  // (`Values` is the same register block over other operands; one routine for both, its operands as arguments,
+  // measured 6% slower at 64 rows x 168 slots, launch/bench/bench_cpu_kernels.py: kept apart.)
   template <int R>
-  static void Block(const float* a, int64_t lda, const float* b, int64_t ldb, int64_t inner, int64_t width,
-                    float* out, int64_t ldo, float scale, const char* pf, int64_t pf_lines) {
+  void Scores(const float* q, const float* keys, float* sc, int64_t i0, int64_t j0, const char* pf, int64_t pf_lines) {
     __m512 acc[R][4];
     for (int r = 0; r < R; ++r)
       for (int u = 0; u < 4; ++u) acc[r][u] = _mm512_setzero_ps();
     __mmask16 lanes[4];
-    for (int u = 0; u < 4; ++u) lanes[u] = 16 * u < width ? Tail(width - 16 * u) : 0;
-    for (int64_t i = 0; i < inner; ++i) {
-      for (int64_t l = i * pf_lines / inner; l < (i + 1) * pf_lines / inner; ++l)
-        _mm_prefetch(pf + 64 * l, _MM_HINT_T0);
-      __m512 row[4];
-      for (int u = 0; u < 4; ++u) row[u] = _mm512_maskz_loadu_ps(lanes[u], b + i * ldb + 16 * u);
+    for (int u = 0; u < 4; ++u) lanes[u] = j0 + 16 * u < s ? Tail(s - j0 - 16 * u) : 0;
+    for (int64_t e = 0; e < d; ++e) {
+      for (int64_t l = e * pf_lines / d; l < (e + 1) * pf_lines / d; ++l) _mm_prefetch(pf + 64 * l, _MM_HINT_T0);
+      const float* kr = keys + e * s + j0;
+      __m512 kv[4];
+      for (int u = 0; u < 4; ++u) kv[u] = _mm512_maskz_loadu_ps(lanes[u], kr + 16 * u);
       for (int r = 0; r < R; ++r) {
-        const __m512 x = _mm512_set1_ps(a[r * lda + i]);
-        for (int u = 0; u < 4; ++u) acc[r][u] = _mm512_fmadd_ps(x, row[u], acc[r][u]);
+        const __m512 a = _mm512_set1_ps(q[(i0 + r) * d + e]);
+        for (int u = 0; u < 4; ++u) acc[r][u] = _mm512_fmadd_ps(a, kv[u], acc[r][u]);
       }
     }
-    const __m512 factor = _mm512_set1_ps(scale);
     for (int r = 0; r < R; ++r)
       for (int u = 0; u < 4; ++u)
-        _mm512_mask_storeu_ps(out + r * ldo + 16 * u, lanes[u], _mm512_mul_ps(acc[r][u], factor));
+        _mm512_mask_storeu_ps(sc + (i0 + r) * s + j0 + 16 * u, lanes[u], _mm512_mul_ps(acc[r][u], _mm512_set1_ps(scale)));
+  }
+
+  // out rows [i0, i0 + R), columns [c, c + 64): R x 4 accumulators, one value row per slot
+  template <int R>
+  void Values(const float* p, const float* vals, float* o, int64_t i0, int64_t c, const char* pf, int64_t pf_lines) {
+    __m512 acc[R][4];
+    for (int r = 0; r < R; ++r)
+      for (int u = 0; u < 4; ++u) acc[r][u] = _mm512_setzero_ps();
+    __mmask16 lanes[4];
+    for (int u = 0; u < 4; ++u) lanes[u] = c + 16 * u < d ? Tail(d - c - 16 * u) : 0;
+    for (int64_t j = 0; j < s; ++j) {
+      for (int64_t l = j * pf_lines / s; l < (j + 1) * pf_lines / s; ++l) _mm_prefetch(pf + 64 * l, _MM_HINT_T1);
+      __m512 vv[4];
+      for (int u = 0; u < 4; ++u) vv[u] = _mm512_maskz_loadu_ps(lanes[u], vals + j * d + c + 16 * u);
+      for (int r = 0; r < R; ++r) {
+        const __m512 w = _mm512_set1_ps(p[(i0 + r) * s + j]);
+        for (int u = 0; u < 4; ++u) acc[r][u] = _mm512_fmadd_ps(w, vv[u], acc[r][u]);
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int u = 0; u < 4; ++u) _mm512_mask_storeu_ps(o + (i0 + r) * d + c + 16 * u, lanes[u], acc[r][u]);
   }
 
   template <typename F>
@@ -100,11 +118,10 @@ struct Work {
     float* sc = scores.data();
     const int64_t lines = (s * d * 4 + 63) / 64, chunks = (s + 63) / 64;
     const char* vpf = reinterpret_cast<const char*>(vals);
-    ByRows(m, [&](int64_t i0, auto R) {  // scores [m, s] = scale * q [m, d] . kt [d, s]
+    ByRows(m, [&](int64_t i0, auto R) {
       for (int64_t j0 = 0; j0 < s; j0 += 64) {
         const int64_t part = i0 == 0 ? lines / chunks : 0;  // the values' lines, spread over the first row group
-        Block<decltype(R)::value>(q + i0 * d, d, keys + j0, s, d, s - j0, sc + i0 * s + j0, s, scale,
-                                  vpf + 64 * part * (j0 / 64), part);
+        Scores<decltype(R)::value>(q, keys, sc, i0, j0, vpf + 64 * part * (j0 / 64), part);
       }
     });
     for (int64_t i = 0; i < m; ++i) {  // mask, softmax
@@ -133,10 +150,9 @@ struct Work {
     }
     const int64_t ahead = bk + stride;
     const char* kpf = reinterpret_cast<const char*>(kt + std::min(ahead, b * k - 1) * d * s);
-    ByRows(m, [&](int64_t i0, auto R) {  // out [m, d] = p [m, s] . v [s, d]
+    ByRows(m, [&](int64_t i0, auto R) {
       for (int64_t c = 0; c < d; c += 64)
-        Block<decltype(R)::value>(sc + i0 * s, s, vals + c, d, s, d - c, o + i0 * d + c, d, 1.0f, kpf,
-                                  i0 == 0 && c == 0 && ahead < b * k ? lines : 0);
+        Values<decltype(R)::value>(sc, vals, o, i0, c, kpf, i0 == 0 && c == 0 && ahead < b * k ? lines : 0);
     });
   }
 
