@@ -5,9 +5,9 @@
   stored transposed (`cache_attention`; `attention.stored_attention` calls it).
 
 Both share the rows of their work among XLA's intra-op threads (the calling thread claims work too, so it never
-waits on a task that has not started). At a 64-row SmolLM2-135M decode step they run the projections at ~430-470
-GFLOP/s of this 2-core EPYC's ~500 (XLA's dot: ~300-330 with the weights streaming from memory) and read the cache
-at ~40 GB/s (XLA's two products and softmax: ~23), `launch/bench/bench_cpu_kernels.py`, docs/BENCHMARKS.md.
+waits on a task that has not started). At a 64-row SmolLM2-135M decode step they run the projections at ~415-450
+GFLOP/s of this 2-core EPYC's ~510 (XLA's dot: ~230-320 with the weights streaming from memory) and read the cache
+at ~39 GB/s (XLA's two products and softmax: ~22-28), `launch/bench/bench_cpu_kernels.py`, docs/BENCHMARKS.md.
 
 The library is compiled on first use with the machine's ``g++`` (``-march=native``, ~3 s) into
 ``$JAXRL_HF_KERNEL_CACHE`` (default ``~/.cache/jaxrl_hf/kernels``), keyed by the sources, the flags, jax's
