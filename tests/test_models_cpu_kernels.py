@@ -74,12 +74,14 @@ def test_a_failed_build_names_the_command_and_leaves_no_file(tmp_path, monkeypat
 
 @needs_kernel
 def test_builds_into_a_fresh_cache(tmp_path):
-    """What a clean machine's first call does: compile the source into the cache folder, load it, find the handler."""
+    """What a clean machine's first call does: compile both sources into the cache folder, load the library, find
+    every handler `available` registers."""
     import ctypes
 
-    target = tmp_path / "fresh" / "panel_matmul-y.so"
+    target = tmp_path / "fresh" / "cpu_kernels-y.so"
     ck._build(target)
-    assert ctypes.cdll.LoadLibrary(str(target)).JaxrlHfPanelMatmul
+    library = ctypes.cdll.LoadLibrary(str(target))
+    assert all(getattr(library, symbol) for _, symbol in ck.TARGETS.values())
     assert [p.name for p in target.parent.iterdir()] == [target.name]
 
 
