@@ -1,20 +1,23 @@
-"""The float32 CPU kernels of the decode program: C++ sources in ``kernels/`` called as XLA FFI custom calls.
+"""The float32 CPU kernels: C++ sources in ``kernels/`` called as XLA FFI custom calls.
 
 * ``kernels/panel_matmul.cc``: ``x [M, K] · w [K, N]`` over ``w`` stored in panel order (`models.panel_matmul`);
 * ``kernels/cache_attention.cc``: one layer's attention over a KV cache that holds the new keys already, keys
-  stored transposed (`cache_attention`; `attention.stored_attention` calls it).
+  stored transposed (`cache_attention`; `attention.stored_attention` calls it);
+* ``kernels/clip_adamw.cc``: the optimizer update (clip + AdamW) of every parameter in one pass, in place
+  (`workers.fused_adamw`).
 
-Both share the rows of their work among XLA's intra-op threads (the calling thread claims work too, so it never
-waits on a task that has not started). At a 64-row SmolLM2-135M decode step they run the projections at ~415-450
-GFLOP/s of this 2-core EPYC's ~510 (XLA's dot: ~230-320 with the weights streaming from memory) and read the cache
-at ~39 GB/s (XLA's two products and softmax: ~22-28), `launch/bench/bench_cpu_kernels.py`, docs/BENCHMARKS.md.
+The first two run the decode program, the third the train step. All share their work among XLA's intra-op threads
+(the calling thread claims work too, so it never waits on a task that has not started). At a 64-row SmolLM2-135M
+decode step the first two run the projections at ~415-450 GFLOP/s of this 2-core EPYC's ~510 (XLA's dot: ~230-320
+with the weights streaming from memory) and read the cache at ~39 GB/s (XLA's two products and softmax: ~22-28),
+`launch/bench/bench_cpu_kernels.py`, docs/BENCHMARKS.md.
 
 The library is compiled on first use with the machine's ``g++`` (``-march=native``, ~3 s) into
 ``$JAXRL_HF_KERNEL_CACHE`` (default ``~/.cache/jaxrl_hf/kernels``), keyed by the sources, the flags, jax's
 version and the CPU's model and flags, written to a temporary file and renamed (concurrent processes never load
 half a file). `available` says whether this process can use it: an x86-64 CPU with AVX-512 (F, BW, VL), a
-compiler, and ``JAXRL_HF_CPU_KERNELS`` not ``0``; otherwise the engine keeps XLA's ops
-(`jax_engine.JaxGenerationEngine`).
+compiler, and ``JAXRL_HF_CPU_KERNELS`` not ``0``; otherwise the engine and the train step keep XLA's ops
+(`jax_engine.JaxGenerationEngine`, `workers.fused_adamw.fused_update_for`).
 """
 
 from __future__ import annotations
@@ -36,7 +39,8 @@ import numpy as np
 
 KERNELS = Path(__file__).with_name("kernels")
 TARGETS = {"jaxrl_hf_panel_matmul": ("panel_matmul.cc", "JaxrlHfPanelMatmul"),
-           "jaxrl_hf_cache_attention": ("cache_attention.cc", "JaxrlHfCacheAttention")}
+           "jaxrl_hf_cache_attention": ("cache_attention.cc", "JaxrlHfCacheAttention"),
+           "jaxrl_hf_clip_adamw": ("clip_adamw.cc", "JaxrlHfClipAdamW")}
 """XLA custom-call target -> (source file, handler symbol)."""
 _FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-w")
 _CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl")
@@ -120,6 +124,6 @@ def available() -> bool:
         for target, (_, symbol) in TARGETS.items():
             jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(library, symbol)), platform="cpu")
     except (OSError, RuntimeError, AttributeError) as err:
-        log.warning("the float32 CPU decode keeps XLA's ops: its kernels are unavailable (%s)", err)
+        log.warning("the CPU kernels are unavailable, XLA's ops run instead (%s)", err)
         return False
     return True

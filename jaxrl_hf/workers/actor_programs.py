@@ -19,6 +19,7 @@ from jaxrl_hf.workers.common import WorkerConfigError
 from jaxrl_hf.workers.losses import (ACTOR_SUMMED_METRICS, ActorLossConfig, LogProbFn, actor_loss, actor_loss_config,
                                      response_denominator)
 from jaxrl_hf.workers.optim import make_optimizer
+from jaxrl_hf.workers.fused_adamw import fused_update_for
 from jaxrl_hf.workers.train_step import TrainState, make_train_step, train_state_shardings
 
 LOG_PROB_INPUTS = ("input_ids", "attention_mask", "position_ids", "responses")
@@ -61,5 +62,5 @@ def build_actor_update(actor: ActorConfig, temperature: float, log_prob_fn: LogP
     step = make_train_step(loss_fn, actor.optim, optimizer=optimizer,
                            denominator_fn=response_denominator(loss_cfg.loss_agg_mode),
                            summed_aux=ACTOR_SUMMED_METRICS, state_shardings=state_shardings, live_fn=live_fn,
-                           combine=combine)
+                           combine=combine, fused=fused_update_for(actor.optim, actor.grad_clip, param_shapes, mesh))
     return ActorUpdate(loss_cfg, actor.optim, optimizer, state_shardings, step)

@@ -27,6 +27,7 @@ from jaxrl_hf.workers.minibatch import iterate_minibatches, mean_metrics
 from jaxrl_hf.workers.optim import make_optimizer, update_schedule_step
 from jaxrl_hf.workers.packed_forward import packed_value_fn
 from jaxrl_hf.workers.token_batches import critic_micro_batching, has_response_tokens
+from jaxrl_hf.workers.fused_adamw import fused_update_for
 from jaxrl_hf.workers.train_step import TrainState, init_train_state, make_train_step, train_state_shardings
 
 VALUE_INPUTS = ("input_ids", "attention_mask", "position_ids", "responses")
@@ -92,7 +93,9 @@ class CriticWorker(Worker):
         self._train_step = make_train_step(loss_fn, self.optim, optimizer=optimizer,
                                            denominator_fn=response_denominator(self.loss_cfg.loss_agg_mode),
                                            summed_aux=CRITIC_SUMMED_METRICS, state_shardings=state_shardings,
-                                           live_fn=has_response_tokens if update.dynamic else None)
+                                           live_fn=has_response_tokens if update.dynamic else None,
+                                           fused=fused_update_for(self.optim, self.critic_cfg.grad_clip, params,
+                                                                  self.mesh))
         self.global_step = 0
         return {"num_params": int(sum(np.prod(x.shape) for x in jax.tree.leaves(params))), "mesh": dict(self.mesh.shape)}
 

@@ -1,5 +1,5 @@
 """The optimizer update of one actor step (global-norm clip + AdamW + the skip on a non-finite gradient norm) over
-a model's float32 master parameters, three ways:
+a model's float32 master parameters, three ways (four where the CPU kernels run):
 
     python launch/bench/bench_optimizer_update.py [--model smollm2-135m-instruct] [--repeats 8] [--json OUT]
     python launch/bench/bench_optimizer_update.py --random-config qwen2.5-7b|CONFIG.json   # shapes only, no weights
@@ -8,10 +8,13 @@ a model's float32 master parameters, three ways:
   new state against the old (``where(finite, new, old)`` over every parameter and moment) discard a non-finite
   update;
 - ``apply_update`` (the current one): the update runs inside ``lax.cond(finite, update, identity)``, no selects;
-- ``no skip`` (a floor, not a valid update: a NaN gradient would corrupt the state): clip + AdamW alone.
+- ``no skip`` (a floor, not a valid update: a NaN gradient would corrupt the state): clip + AdamW alone;
+- ``fused`` (where the CPU kernels run: `workers.fused_adamw`): ``apply_update`` with the one-pass kernel in place
+  of optax's update, as the train step runs it on one CPU device.
 Each is one jitted program with the state donated, as in the train step; best and median of ``--repeats`` calls.
-All three must give bit-identical parameters and moments on finite gradients (checked), and ``apply_update`` must
-leave the state unchanged on NaN gradients (checked).
+The optax variants must give bit-identical parameters and moments on finite gradients (checked); ``fused`` must
+agree with them to float32 rounding (per leaf max |Δ| / max |value|, printed; checked ≤ 1e-5 after the
+``repeats + 1`` updates), and ``apply_update`` must leave the state unchanged on NaN gradients (checked).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import os
 import statistics
 import sys
 import time
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
@@ -71,9 +75,9 @@ def digests(tree) -> list[tuple[int, int]]:
     return [tuple(int(v) for v in np.asarray(_fingerprint(leaf))) for leaf in jax.tree.leaves(tree)]
 
 
-def time_variant(fn, state, grads, repeats: int) -> tuple[dict, list[tuple[int, int]]]:
-    """Best and median seconds of ``repeats`` donated calls ``fn(state, grads)`` (``state`` is consumed), and the
-    digests of the state after the first call."""
+def time_variant(fn, state, grads, repeats: int) -> tuple[dict, list[tuple[int, int]], Any]:
+    """Best and median seconds of ``repeats`` donated calls ``fn(state, grads)`` (``state`` is consumed), the
+    digests of the state after the first call and the state after the last."""
     step = jax.jit(fn, donate_argnums=(0,))
     state, _ = step(state, grads)
     jax.block_until_ready(state)
@@ -84,7 +88,14 @@ def time_variant(fn, state, grads, repeats: int) -> tuple[dict, list[tuple[int, 
         state, _ = step(state, grads)
         jax.block_until_ready(state)
         seconds.append(time.perf_counter() - start)
-    return {"best_s": min(seconds), "median_s": statistics.median(seconds), "all_s": seconds}, first
+    return {"best_s": min(seconds), "median_s": statistics.median(seconds), "all_s": seconds}, first, state
+
+
+def max_relative_difference(a, b) -> float:
+    """The largest over the float leaves of two states of max |a - b| / max |b| (on the device, leaf by leaf)."""
+    rel = jax.jit(lambda x, y: jnp.max(jnp.abs(x - y)) / jnp.maximum(jnp.max(jnp.abs(y)), 1e-30))
+    return max(float(rel(x, y)) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))
+               if jnp.issubdtype(x.dtype, jnp.floating) and x.size)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from jaxrl_hf.config.schema import OptimConfig
     from jaxrl_hf.models import load_pretrained
+    from jaxrl_hf.workers.fused_adamw import fused_update_for
     from jaxrl_hf.workers.optim import make_optimizer
     from jaxrl_hf.workers.train_step import apply_update, init_train_state
 
@@ -118,12 +130,19 @@ def main(argv: list[str] | None = None) -> int:
     fresh_state = lambda: init_train_state(jax.tree.map(jnp.copy, params), optimizer)  # noqa: E731
     variants = {"selects (before)": selects_update,
                 "apply_update (now)": apply_update, "no skip (floor)": unchecked_update}
-    rows, states = {}, {}
+    fused = fused_update_for(optim, 1.0, params, None)
+    if fused is not None:
+        variants["fused (CPU kernel)"] = functools.partial(apply_update, fused=fused)
+    rows, states, finals = {}, {}, {}
     for name, update in variants.items():
-        rows[name], states[name] = time_variant(functools.partial(update, optimizer=optimizer, optim=optim),
-                                                fresh_state(), grads, args.repeats)
+        rows[name], states[name], finals[name] = time_variant(
+            functools.partial(update, optimizer=optimizer, optim=optim), fresh_state(), grads, args.repeats)
     for name in ("apply_update (now)", "no skip (floor)"):
         rows[name]["bit_identical_to_before"] = states[name] == states["selects (before)"]
+    if fused is not None:
+        row = rows["fused (CPU kernel)"]
+        row["max_rel_diff_vs_apply_update"] = max_relative_difference(finals["fused (CPU kernel)"],
+                                                                      finals["apply_update (now)"])
     kept = fresh_state()
     before = digests(kept)
     after, _ = jax.jit(functools.partial(apply_update, optimizer=optimizer, optim=optim))(
@@ -138,14 +157,17 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---:|---:|---:|---|")
     for name, row in rows.items():
         row["speedup_vs_before"] = peer / row["median_s"]
-        print(f"| {name} | {row['median_s']:.3f} | {row['best_s']:.3f} | {row['speedup_vs_before']:.2f}x | "
-              f"{row.get('bit_identical_to_before', '—')} |")
+        same = row.get("bit_identical_to_before", "—")
+        if "max_rel_diff_vs_apply_update" in row:
+            same = f"max rel. diff {row['max_rel_diff_vs_apply_update']:.1e}"
+        print(f"| {name} | {row['median_s']:.3f} | {row['best_s']:.3f} | {row['speedup_vs_before']:.2f}x | {same} |")
     print(f"NaN gradients leave the state unchanged: {rows['apply_update (now)']['nan_grads_leave_state_unchanged']}")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"args": vars(args), "params": n_params, "device": device, "cpus": os.cpu_count(),
                        "jax": jax.__version__, "rows": rows}, fh, indent=1)
     ok = all(rows[n]["bit_identical_to_before"] for n in ("apply_update (now)", "no skip (floor)"))
+    ok = ok and rows.get("fused (CPU kernel)", {}).get("max_rel_diff_vs_apply_update", 0.0) <= 1e-5
     return 0 if ok and rows["apply_update (now)"]["nan_grads_leave_state_unchanged"] else 1
 
 

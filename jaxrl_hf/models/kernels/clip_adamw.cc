@@ -1,0 +1,141 @@
+// One optimizer update of every float32 parameter in a single pass: global-norm clipping (the scale computed by
+// the caller) then AdamW, the update of optax's chain(clip_by_global_norm, adamw) followed by apply_updates:
+//
+//   g' = s * g                      s = max_norm / ||g|| when ||g|| >= max_norm, else 1
+//   m' = (1 - b1) * g' + b1 * m      v' = (1 - b2) * g'^2 + b2 * v
+//   p' = p - lr * ((m' / bc1) / (sqrt(v' / bc2) + eps) + wd * p)      bc1 = 1 - b1^t, bc2 = 1 - b2^t
+//
+// Each element is read once (g, p, m, v) and written once (p, m, v) in place: 28 bytes a parameter, where XLA's
+// fusions of optax's update read and write ~56 (the clipped gradient and both moments are written out and read
+// again). Float32 throughout, as optax; the divisions by the scalars s, bc1 and bc2 are multiplications by their
+// reciprocals (computed once by the caller) and the sums of products are fused multiply-adds, so an element may
+// differ from XLA's by float32 rounding (XLA itself rewrites some of these per program), not more.
+//
+// Threads: chunks of every leaf are claimed from one atomic counter by the calling thread and by tasks on XLA's
+// intra-op pool, as in panel_matmul.cc (the caller waits only for chunks another thread has claimed).
+#include <immintrin.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+constexpr int64_t kChunk = 16384;  // elements per work item: 64 KB of each of the 4 streams
+enum Hyper { kScale, kOneMinusB1, kB1, kOneMinusB2, kB2, kInvBc1, kInvBc2, kEps, kWd, kStep, kHyperSize };
+
+struct Leaf {
+  const float* g;
+  float* p;
+  float* m;
+  float* v;
+  int64_t size;
+};
+
+struct Work {
+  std::vector<Leaf> leaves;
+  std::vector<int64_t> first_item;  // leaf i's chunks are items [first_item[i], first_item[i + 1])
+  float h[kHyperSize];
+  int64_t items = 0;
+  std::atomic<int64_t> next{0};
+  std::atomic<int64_t> done{0};
+
+  void Chunk(const Leaf& leaf, int64_t begin, int64_t end) const {
+    const __m512 scale = _mm512_set1_ps(h[kScale]);
+    const __m512 c1 = _mm512_set1_ps(h[kOneMinusB1]), b1 = _mm512_set1_ps(h[kB1]);
+    const __m512 c2 = _mm512_set1_ps(h[kOneMinusB2]), b2 = _mm512_set1_ps(h[kB2]);
+    const __m512 inv_bc1 = _mm512_set1_ps(h[kInvBc1]), inv_bc2 = _mm512_set1_ps(h[kInvBc2]);
+    const __m512 eps = _mm512_set1_ps(h[kEps]), wd = _mm512_set1_ps(h[kWd]), step = _mm512_set1_ps(h[kStep]);
+    auto update = [&](__m512 g, __m512 p, __m512 m, __m512 v, float* pp, float* mp, float* vp, __mmask16 lanes) {
+      g = _mm512_mul_ps(g, scale);
+      m = _mm512_fmadd_ps(c1, g, _mm512_mul_ps(b1, m));
+      v = _mm512_fmadd_ps(c2, _mm512_mul_ps(g, g), _mm512_mul_ps(b2, v));
+      const __m512 root = _mm512_add_ps(_mm512_sqrt_ps(_mm512_mul_ps(v, inv_bc2)), eps);
+      const __m512 u = _mm512_fmadd_ps(wd, p, _mm512_div_ps(_mm512_mul_ps(m, inv_bc1), root));
+      _mm512_mask_storeu_ps(pp, lanes, _mm512_fmadd_ps(step, u, p));
+      _mm512_mask_storeu_ps(mp, lanes, m);
+      _mm512_mask_storeu_ps(vp, lanes, v);
+    };
+    int64_t i = begin;
+    for (; i + 16 <= end; i += 16) {
+      update(_mm512_loadu_ps(leaf.g + i), _mm512_loadu_ps(leaf.p + i), _mm512_loadu_ps(leaf.m + i),
+             _mm512_loadu_ps(leaf.v + i), leaf.p + i, leaf.m + i, leaf.v + i, 0xFFFF);
+    }
+    if (i < end) {
+      const __mmask16 lanes = static_cast<__mmask16>((1u << (end - i)) - 1u);
+      update(_mm512_maskz_loadu_ps(lanes, leaf.g + i), _mm512_maskz_loadu_ps(lanes, leaf.p + i),
+             _mm512_maskz_loadu_ps(lanes, leaf.m + i), _mm512_maskz_loadu_ps(lanes, leaf.v + i), leaf.p + i,
+             leaf.m + i, leaf.v + i, lanes);
+    }
+  }
+
+  void Drain() {
+    for (int64_t item; (item = next.fetch_add(1, std::memory_order_relaxed)) < items;) {
+      const int64_t i = std::upper_bound(first_item.begin(), first_item.end(), item) - first_item.begin() - 1;
+      const int64_t begin = (item - first_item[i]) * kChunk;
+      Chunk(leaves[i], begin, std::min(begin + kChunk, leaves[i].size));
+      done.fetch_add(1, std::memory_order_release);
+    }
+  }
+};
+
+// Operands: hyper f32[10] (the Hyper order), then the L gradients, L params, L first and L second moments;
+// results: the L params, first and second moments, each aliased to its operand (updated in place).
+ffi::Error ClipAdamWImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> hyper, ffi::RemainingArgs args,
+                         ffi::RemainingRets rets) {
+  if (hyper.element_count() != kHyperSize)
+    return ffi::Error::InvalidArgument("clip_adamw expects 10 hyperparameters");
+  if (args.size() % 4 != 0 || rets.size() * 4 != args.size() * 3)
+    return ffi::Error::InvalidArgument("clip_adamw expects 4 L operands (g, p, m, v) and 3 L results (p, m, v)");
+  const int64_t count = static_cast<int64_t>(args.size() / 4);
+  auto work = std::make_shared<Work>();
+  std::copy_n(hyper.typed_data(), kHyperSize, work->h);
+  for (int64_t i = 0; i < count; ++i) {
+    auto g = args.get<ffi::Buffer<ffi::F32>>(i);
+    auto p = rets.get<ffi::Buffer<ffi::F32>>(i);
+    auto m = rets.get<ffi::Buffer<ffi::F32>>(count + i);
+    auto v = rets.get<ffi::Buffer<ffi::F32>>(2 * count + i);
+    if (g.has_error() || p.has_error() || m.has_error() || v.has_error())
+      return ffi::Error::InvalidArgument("clip_adamw: every operand and result must be float32");
+    auto p_in = args.get<ffi::Buffer<ffi::F32>>(count + i);
+    auto m_in = args.get<ffi::Buffer<ffi::F32>>(2 * count + i);
+    auto v_in = args.get<ffi::Buffer<ffi::F32>>(3 * count + i);
+    if (p_in.has_error() || m_in.has_error() || v_in.has_error())
+      return ffi::Error::InvalidArgument("clip_adamw: every operand and result must be float32");
+    const int64_t size = static_cast<int64_t>(g->element_count());
+    if (static_cast<int64_t>((*p)->element_count()) != size || static_cast<int64_t>((*m)->element_count()) != size ||
+        static_cast<int64_t>((*v)->element_count()) != size)
+      return ffi::Error::InvalidArgument("clip_adamw: a leaf's gradient, parameter and moments differ in size");
+    // results alias their operands (the caller donates them); copy where XLA gave a separate buffer
+    float* pr = (*p)->typed_data();
+    float* mr = (*m)->typed_data();
+    float* vr = (*v)->typed_data();
+    if (pr != p_in->typed_data()) std::copy_n(p_in->typed_data(), size, pr);
+    if (mr != m_in->typed_data()) std::copy_n(m_in->typed_data(), size, mr);
+    if (vr != v_in->typed_data()) std::copy_n(v_in->typed_data(), size, vr);
+    work->first_item.push_back(work->items);
+    work->leaves.push_back({g->typed_data(), pr, mr, vr, size});
+    work->items += (size + kChunk - 1) / kChunk;
+  }
+  work->first_item.push_back(work->items);
+  const int64_t helpers = std::min<int64_t>(pool.num_threads(), work->items) - 1;
+  for (int64_t t = 0; t < helpers; ++t) pool.Schedule([work] { work->Drain(); });
+  work->Drain();
+  while (work->done.load(std::memory_order_acquire) < work->items) _mm_pause();
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxrlHfClipAdamW, ClipAdamWImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .RemainingArgs()
+                                  .RemainingRets());
