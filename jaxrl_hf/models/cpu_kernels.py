@@ -42,6 +42,8 @@ TARGETS = {"jaxrl_hf_panel_matmul": ("panel_matmul.cc", "JaxrlHfPanelMatmul"),
            "jaxrl_hf_cache_attention": ("cache_attention.cc", "JaxrlHfCacheAttention"),
            "jaxrl_hf_clip_adamw": ("clip_adamw.cc", "JaxrlHfClipAdamW")}
 """XLA custom-call target -> (source file, handler symbol)."""
+HEADERS = ("shared_items.h",)
+"""Headers the sources include (part of the library's cache key)."""
 _FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-w")
 _CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl")
 log = logging.getLogger(__name__)
@@ -84,7 +86,8 @@ def _sources() -> list[Path]:
 
 def _library_path() -> Path:
     # -march=native: a library is built for this CPU (a cache shared by several machines keeps one per CPU)
-    digest = hashlib.sha256(b"".join(p.read_bytes() for p in _sources()) + " ".join(_FLAGS).encode()
+    inputs = _sources() + [KERNELS / header for header in HEADERS]
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in inputs) + " ".join(_FLAGS).encode()
                             + jax.__version__.encode() + _cpu_identity().encode())
     cache = Path(os.environ.get("JAXRL_HF_KERNEL_CACHE") or Path.home() / ".cache" / "jaxrl_hf" / "kernels")
     return cache / f"cpu_kernels-{digest.hexdigest()[:16]}.so"

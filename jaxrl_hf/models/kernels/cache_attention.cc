@@ -12,6 +12,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "shared_items.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -42,14 +43,13 @@ inline __m512 Exp(__m512 x) {
 
 inline __mmask16 Tail(int64_t left) { return left >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << left) - 1u); }
 
-struct Work {
+struct Work : jaxrl_hf::SharedItems<Work> {  // an item: one (row, kv head) pair, b * k of them
   const float *rows, *kt, *v;
   const bool* mask;
   float* out;
   int64_t b, k, m, t, d, s;
   float scale;
   int64_t stride = 1;  // threads: the next item this thread is likely to get
-  std::atomic<int64_t> next{0}, done{0};
 
   // scores of rows [i0, i0 + R) over slots [j0, j0 + 64): R x 4 accumulators, one k row of 64 slots per step.
   // (`Values` is the same register block over other operands; one routine for both, its operands as arguments,
@@ -108,7 +108,7 @@ struct Work {
     }
   }
 
-  void Item(int64_t bk, std::vector<float>& scores) {
+  void Pair(int64_t bk, std::vector<float>& scores) {
     const int64_t row = bk / k;
     const float* q = rows + bk * m * d;
     const float* keys = kt + bk * d * s;
@@ -156,12 +156,9 @@ struct Work {
     });
   }
 
-  void Drain() {
+  void Item(int64_t bk) {
     thread_local std::vector<float> scores;
-    for (int64_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < b * k;) {
-      Item(i, scores);
-      done.fetch_add(1, std::memory_order_release);
-    }
+    Pair(bk, scores);
   }
 };
 
@@ -182,11 +179,10 @@ ffi::Error CacheAttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> rows, 
   work->out = out->typed_data();
   work->b = rd[0], work->k = rd[1], work->m = rd[2], work->d = rd[3], work->s = kd[3], work->t = md[1];
   work->scale = scale;
-  const int64_t helpers = std::min<int64_t>(pool.num_threads(), work->b * work->k) - 1;
+  work->items = work->b * work->k;
+  const int64_t helpers = jaxrl_hf::Helpers(pool, work->items);
   work->stride = helpers + 1;
-  for (int64_t i = 0; i < helpers; ++i) pool.Schedule([work] { work->Drain(); });
-  work->Drain();
-  while (work->done.load(std::memory_order_acquire) < work->b * work->k) _mm_pause();
+  jaxrl_hf::RunShared(pool, work, helpers);
   return ffi::Error::Success();
 }
 

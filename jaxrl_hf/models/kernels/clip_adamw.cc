@@ -11,8 +11,7 @@
 // reciprocals (computed once by the caller) and the sums of products are fused multiply-adds, so an element may
 // differ from XLA's by float32 rounding (XLA itself rewrites some of these per program), not more.
 //
-// Threads: chunks of every leaf are claimed from one atomic counter by the calling thread and by tasks on XLA's
-// intra-op pool, as in panel_matmul.cc (the caller waits only for chunks another thread has claimed).
+// Threads: the chunks of every leaf are shared by the calling thread and XLA's intra-op pool (shared_items.h).
 #include <immintrin.h>
 
 #include <algorithm>
@@ -21,6 +20,7 @@
 #include <memory>
 #include <vector>
 
+#include "shared_items.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -38,13 +38,10 @@ struct Leaf {
   int64_t size;
 };
 
-struct Work {
+struct Work : jaxrl_hf::SharedItems<Work> {  // an item: one chunk of one leaf
   std::vector<Leaf> leaves;
   std::vector<int64_t> first_item;  // leaf i's chunks are items [first_item[i], first_item[i + 1])
   float h[kHyperSize];
-  int64_t items = 0;
-  std::atomic<int64_t> next{0};
-  std::atomic<int64_t> done{0};
 
   void Chunk(const Leaf& leaf, int64_t begin, int64_t end) const {
     const __m512 scale = _mm512_set1_ps(h[kScale]);
@@ -75,13 +72,10 @@ struct Work {
     }
   }
 
-  void Drain() {
-    for (int64_t item; (item = next.fetch_add(1, std::memory_order_relaxed)) < items;) {
-      const int64_t i = std::upper_bound(first_item.begin(), first_item.end(), item) - first_item.begin() - 1;
-      const int64_t begin = (item - first_item[i]) * kChunk;
-      Chunk(leaves[i], begin, std::min(begin + kChunk, leaves[i].size));
-      done.fetch_add(1, std::memory_order_release);
-    }
+  void Item(int64_t item) {
+    const int64_t i = std::upper_bound(first_item.begin(), first_item.end(), item) - first_item.begin() - 1;
+    const int64_t begin = (item - first_item[i]) * kChunk;
+    Chunk(leaves[i], begin, std::min(begin + kChunk, leaves[i].size));
   }
 };
 
@@ -124,10 +118,7 @@ ffi::Error ClipAdamWImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> hyper, ffi:
     work->items += (size + kChunk - 1) / kChunk;
   }
   work->first_item.push_back(work->items);
-  const int64_t helpers = std::min<int64_t>(pool.num_threads(), work->items) - 1;
-  for (int64_t t = 0; t < helpers; ++t) pool.Schedule([work] { work->Drain(); });
-  work->Drain();
-  while (work->done.load(std::memory_order_acquire) < work->items) _mm_pause();
+  jaxrl_hf::RunShared(pool, work, jaxrl_hf::Helpers(pool, work->items));
   return ffi::Error::Success();
 }
 

@@ -7,10 +7,7 @@
 // floats, 110 KB at K = 576) is read from memory once per chunk of 256 rows and reused from L2 by its 32 row
 // blocks; a chunk of x stays in cache while every panel passes. Each output is one float32 sum over k in order.
 //
-// Threads: the (chunk, panel) items are claimed one at a time from an atomic counter by the calling thread and
-// by tasks scheduled on XLA's intra-op thread pool. The caller waits only for items another thread has claimed, so it
-// never waits on a task that has not started (no deadlock when every pool thread is busy), and a task that
-// starts after the work is gone returns at once (the shared state outlives the call).
+// Threads: the (chunk, panel) items are shared by the calling thread and XLA's intra-op pool (shared_items.h).
 #include <immintrin.h>
 
 #include <algorithm>
@@ -18,6 +15,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "shared_items.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -93,20 +91,15 @@ void Panel(const float* x, const float* w_panels, float* y, int64_t r0, int64_t 
   if (r < r1) Tail<kRowBlock - 1>(x + r * k, k, panel, width, out + r * n, n, k, static_cast<int>(r1 - r));
 }
 
-struct Work {
+struct Work : jaxrl_hf::SharedItems<Work> {  // an item: one panel of one chunk of rows, chunk by chunk
   const float* x;
   const float* w;
   float* y;
-  int64_t m, k, n, panels, items;  // an item: one panel of one chunk of rows, chunk by chunk
-  std::atomic<int64_t> next{0};
-  std::atomic<int64_t> done{0};
+  int64_t m, k, n, panels;
 
-  void Drain() {
-    for (int64_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < items;) {
-      const int64_t r0 = i / panels * kRowChunk;
-      Panel(x, w, y, r0, std::min(r0 + kRowChunk, m), k, n, i % panels);
-      done.fetch_add(1, std::memory_order_release);
-    }
+  void Item(int64_t i) {
+    const int64_t r0 = i / panels * kRowChunk;
+    Panel(x, w, y, r0, std::min(r0 + kRowChunk, m), k, n, i % panels);
   }
 };
 
@@ -124,10 +117,7 @@ ffi::Error PanelMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::B
   work->n = yd[1];
   work->panels = (yd[1] + kPanel - 1) / kPanel;
   work->items = work->panels * ((xd[0] + kRowChunk - 1) / kRowChunk);
-  const int64_t helpers = std::min<int64_t>(pool.num_threads(), work->items) - 1;
-  for (int64_t t = 0; t < helpers; ++t) pool.Schedule([work] { work->Drain(); });
-  work->Drain();
-  while (work->done.load(std::memory_order_acquire) < work->items) _mm_pause();
+  jaxrl_hf::RunShared(pool, work, jaxrl_hf::Helpers(pool, work->items));
   return ffi::Error::Success();
 }
 
