@@ -18,8 +18,8 @@ from jaxrl_hf.config.schema import ActorConfig, OptimConfig
 from jaxrl_hf.workers.common import WorkerConfigError
 from jaxrl_hf.workers.losses import (ACTOR_SUMMED_METRICS, ActorLossConfig, LogProbFn, actor_loss, actor_loss_config,
                                      response_denominator)
-from jaxrl_hf.workers.optim import make_optimizer
 from jaxrl_hf.workers.fused_adamw import fused_update_for
+from jaxrl_hf.workers.optim import make_optimizer
 from jaxrl_hf.workers.train_step import TrainState, make_train_step, train_state_shardings
 
 LOG_PROB_INPUTS = ("input_ids", "attention_mask", "position_ids", "responses")

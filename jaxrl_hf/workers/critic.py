@@ -23,11 +23,11 @@ from jaxrl_hf.workers.common import (LoadedModel, WorkerConfigError, check_seque
                                      worker_run_config)
 from jaxrl_hf.workers.losses import (CRITIC_SUMMED_METRICS, critic_loss, critic_loss_config, response_denominator,
                                      value_head_fn)
+from jaxrl_hf.workers.fused_adamw import fused_update_for
 from jaxrl_hf.workers.minibatch import iterate_minibatches, mean_metrics
 from jaxrl_hf.workers.optim import make_optimizer, update_schedule_step
 from jaxrl_hf.workers.packed_forward import packed_value_fn
 from jaxrl_hf.workers.token_batches import critic_micro_batching, has_response_tokens
-from jaxrl_hf.workers.fused_adamw import fused_update_for
 from jaxrl_hf.workers.train_step import TrainState, init_train_state, make_train_step, train_state_shardings
 
 VALUE_INPUTS = ("input_ids", "attention_mask", "position_ids", "responses")

@@ -42,8 +42,8 @@ class FusedClipAdamW:
     def __call__(self, grads: Any, opt_state: Any, params: Any, lr: jax.Array,
                  grad_norm: jax.Array | None = None) -> tuple[Any, Any]:
         """``(new params, new optimizer state)``: what optax's ``optimizer.update(grads, opt_state, params)`` then
-        ``apply_updates`` give (to float32 rounding) at learning rate ``lr`` (``opt_state`` holds it already: `optim.set_learning_rate`);
-        ``grad_norm``: the gradients' global norm where the caller has it."""
+        ``apply_updates`` give (to float32 rounding) at learning rate ``lr`` (``opt_state`` holds it already:
+        `optim.set_learning_rate`); ``grad_norm``: the gradients' global norm where the caller has it."""
         clip = self.grad_clip is not None and self.grad_clip > 0
         inject = opt_state[1] if clip else opt_state
         adam = inject.inner_state[0]
@@ -102,7 +102,7 @@ def fused_update_for(optim: OptimConfig, grad_clip: float | None, params: Any,
     """The fused update where it applies (float32 ``params`` — arrays or shapes —, a one-device CPU ``mesh`` or
     none, the kernels available), else ``None`` (the train step keeps optax's update)."""
     devices = mesh.devices.flat if mesh is not None else jax.devices()[:1]
-    if mesh is not None and mesh.size != 1 or any(d.platform != "cpu" for d in devices):
+    if (mesh is not None and mesh.size != 1) or any(d.platform != "cpu" for d in devices):
         return None
     if not all(jnp.dtype(x.dtype) == jnp.float32 for x in jax.tree.leaves(params)):
         return None
