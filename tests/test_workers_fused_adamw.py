@@ -49,7 +49,7 @@ def _adam(state: TrainState) -> optax.ScaleByAdamState:
 def _fused_step(fused: FusedClipAdamW, optim: OptimConfig):
     def step(state, grads):
         lr = learning_rate(optim, state.step)
-        params, opt = fused(grads, set_learning_rate(state.opt_state, lr), state.params, lr)
+        params, opt = fused(grads, set_learning_rate(state.opt_state, lr), state.params)
         return TrainState(params, opt, state.step + 1)
     return jax.jit(step)
 

@@ -39,11 +39,11 @@ class FusedClipAdamW:
     optim: OptimConfig
     grad_clip: float | None
 
-    def __call__(self, grads: Any, opt_state: Any, params: Any, lr: jax.Array,
+    def __call__(self, grads: Any, opt_state: Any, params: Any,
                  grad_norm: jax.Array | None = None) -> tuple[Any, Any]:
         """``(new params, new optimizer state)``: what optax's ``optimizer.update(grads, opt_state, params)`` then
-        ``apply_updates`` give (to float32 rounding) at learning rate ``lr`` (``opt_state`` holds it already:
-        `optim.set_learning_rate`); ``grad_norm``: the gradients' global norm where the caller has it."""
+        ``apply_updates`` give, to float32 rounding, at the learning rate ``opt_state`` holds
+        (`optim.set_learning_rate`); ``grad_norm``: the gradients' global norm where the caller has it."""
         clip = self.grad_clip is not None and self.grad_clip > 0
         inject = opt_state[1] if clip else opt_state
         adam = inject.inner_state[0]
@@ -59,14 +59,13 @@ class FusedClipAdamW:
         hyper = jnp.stack([  # the kernel's Hyper order
             scale, f32(1 - b1), f32(b1), f32(1 - b2), f32(b2),
             1 / (1 - b1 ** count).astype(jnp.float32), 1 / (1 - b2 ** count).astype(jnp.float32),  # 1 / bias corr.
-            f32(self.optim.eps), f32(self.optim.weight_decay), -jnp.asarray(lr, jnp.float32)])
+            f32(self.optim.eps), f32(self.optim.weight_decay),
+            -inject.hyperparams["learning_rate"].astype(jnp.float32)])  # optax.scale_by_learning_rate
         leaves, treedef = jax.tree.flatten(params)
         new_p, new_m, new_v = clip_adamw(jax.tree.leaves(grads), leaves, jax.tree.leaves(adam.mu),
                                          jax.tree.leaves(adam.nu), hyper)
         new_adam = adam._replace(count=count, mu=treedef.unflatten(new_m), nu=treedef.unflatten(new_v))
-        hyperparams = {**inject.hyperparams,
-                       "learning_rate": jnp.asarray(lr, inject.hyperparams["learning_rate"].dtype)}
-        new_inject = inject._replace(count=optax.safe_increment(inject.count), hyperparams=hyperparams,
+        new_inject = inject._replace(count=optax.safe_increment(inject.count),
                                      inner_state=(new_adam, *inject.inner_state[1:]))
         return treedef.unflatten(new_p), ((opt_state[0], new_inject) if clip else new_inject)
 
@@ -83,18 +82,10 @@ def clip_adamw(grads: list, params: list, mu: list, nu: list, hyper: jax.Array) 
         if bad:
             raise ValueError(f"clip_adamw: {name} leaf {bad[0]} is {leaves[bad[0]].dtype}{list(leaves[bad[0]].shape)}"
                              f"; needs float32{list(params[bad[0]].shape)}")
-    live = [i for i, x in enumerate(params) if x.size]  # an empty leaf has nothing to update
-    n = len(live)
-    pick = lambda leaves: [leaves[i] for i in live]  # noqa: E731
-    shapes = [jax.ShapeDtypeStruct(params[i].shape, jnp.float32) for i in live] * 3
-    aliases = {1 + n + i: i for i in range(3 * n)}  # operand 0 is hyper, then g, p, m, v
-    out = jax.ffi.ffi_call(TARGET, shapes, input_output_aliases=aliases)(
-        hyper, *pick(grads), *pick(params), *pick(mu), *pick(nu)) if n else []
-    new = [list(params), list(mu), list(nu)]
-    for j, i in enumerate(live):
-        for k in range(3):
-            new[k][i] = out[k * n + j]
-    return new[0], new[1], new[2]
+    shapes = [jax.ShapeDtypeStruct(x.shape, jnp.float32) for x in params] * 3
+    aliases = {1 + count + i: i for i in range(3 * count)}  # operand 0 is hyper, then g, p, m, v
+    out = jax.ffi.ffi_call(TARGET, shapes, input_output_aliases=aliases)(hyper, *grads, *params, *mu, *nu)
+    return list(out[:count]), list(out[count:2 * count]), list(out[2 * count:])
 
 
 def fused_update_for(optim: OptimConfig, grad_clip: float | None, params: Any,

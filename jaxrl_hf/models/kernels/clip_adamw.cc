@@ -15,7 +15,6 @@
 #include <immintrin.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -90,31 +89,19 @@ ffi::Error ClipAdamWImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> hyper, ffi:
   const int64_t count = static_cast<int64_t>(args.size() / 4);
   auto work = std::make_shared<Work>();
   std::copy_n(hyper.typed_data(), kHyperSize, work->h);
-  for (int64_t i = 0; i < count; ++i) {
+  for (int64_t i = 0; i < count; ++i) {  // a result is its operand's buffer (XLA copies first where it must)
     auto g = args.get<ffi::Buffer<ffi::F32>>(i);
     auto p = rets.get<ffi::Buffer<ffi::F32>>(i);
     auto m = rets.get<ffi::Buffer<ffi::F32>>(count + i);
     auto v = rets.get<ffi::Buffer<ffi::F32>>(2 * count + i);
     if (g.has_error() || p.has_error() || m.has_error() || v.has_error())
       return ffi::Error::InvalidArgument("clip_adamw: every operand and result must be float32");
-    auto p_in = args.get<ffi::Buffer<ffi::F32>>(count + i);
-    auto m_in = args.get<ffi::Buffer<ffi::F32>>(2 * count + i);
-    auto v_in = args.get<ffi::Buffer<ffi::F32>>(3 * count + i);
-    if (p_in.has_error() || m_in.has_error() || v_in.has_error())
-      return ffi::Error::InvalidArgument("clip_adamw: every operand and result must be float32");
     const int64_t size = static_cast<int64_t>(g->element_count());
     if (static_cast<int64_t>((*p)->element_count()) != size || static_cast<int64_t>((*m)->element_count()) != size ||
         static_cast<int64_t>((*v)->element_count()) != size)
       return ffi::Error::InvalidArgument("clip_adamw: a leaf's gradient, parameter and moments differ in size");
-    // results alias their operands (the caller donates them); copy where XLA gave a separate buffer
-    float* pr = (*p)->typed_data();
-    float* mr = (*m)->typed_data();
-    float* vr = (*v)->typed_data();
-    if (pr != p_in->typed_data()) std::copy_n(p_in->typed_data(), size, pr);
-    if (mr != m_in->typed_data()) std::copy_n(m_in->typed_data(), size, mr);
-    if (vr != v_in->typed_data()) std::copy_n(v_in->typed_data(), size, vr);
     work->first_item.push_back(work->items);
-    work->leaves.push_back({g->typed_data(), pr, mr, vr, size});
+    work->leaves.push_back({g->typed_data(), (*p)->typed_data(), (*m)->typed_data(), (*v)->typed_data(), size});
     work->items += (size + kChunk - 1) / kChunk;
   }
   work->first_item.push_back(work->items);
