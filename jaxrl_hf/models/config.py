@@ -3,8 +3,8 @@ and written to HF ``config.json`` by `jaxrl_hf.models.hf_config`.
 
 ``DecoderConfig`` is frozen and hashable so it can be a static argument of ``jax.jit`` and an
 attribute of a flax module. Architecture fields mirror the HF names; ``dtype`` / ``param_dtype`` /
-``remat`` / ``attn_implementation`` / ``scan_layers`` / ``packed_rows`` / ``cpu_kernels`` are runtime options that
-never appear in ``config.json``.
+``remat`` / ``attn_implementation`` / ``scan_layers`` / ``packed_rows`` / ``cpu_kernels`` / ``pair_kernels`` are runtime
+options that never appear in ``config.json``.
 """
 
 from __future__ import annotations
@@ -52,7 +52,9 @@ class DecoderConfig:
     time (`jaxrl_hf.models.packed_attention.per_row_attention`); set per program by the packed forward passes.
     ``cpu_kernels`` (float32 only; set by the CPU generation program, `layer_unrolled.cpu_kernel_module`): every
     projection kernel holds its ``[fan_in, fan_out]`` matrix in panel order, applied by `models.panel_matmul`, and
-    attention over a stored cache runs in `models.cpu_kernels.cache_attention`.
+    attention over a stored cache runs in `models.cpu_kernels.cache_attention`. ``pair_kernels`` (bfloat16 only;
+    set by the actor's training programs where `models.pair_matmul.wanted`): the projections whose dimensions
+    `pair_matmul.fits` run forward and backward in `models.pair_matmul` (the generation program keeps XLA's dot).
     """
 
     vocab_size: int
@@ -89,6 +91,7 @@ class DecoderConfig:
     scan_layers: bool = True
     packed_rows: tuple[int, ...] = ()
     cpu_kernels: bool = False
+    pair_kernels: bool = False
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -129,6 +132,8 @@ class DecoderConfig:
                              "sequence, longest row), two positive ints")
         if self.cpu_kernels and self.dtype != "float32":
             raise ValueError(f"DecoderConfig.cpu_kernels needs dtype float32, got {self.dtype!r}")
+        if self.pair_kernels and self.dtype != "bfloat16":
+            raise ValueError(f"DecoderConfig.pair_kernels needs dtype bfloat16, got {self.dtype!r}")
         if self.attn_implementation not in SUPPORTED_ATTN_IMPLEMENTATIONS:
             raise ValueError(f"DecoderConfig.attn_implementation={self.attn_implementation!r} (config key "
                              f"model.attn_implementation); valid: {SUPPORTED_ATTN_IMPLEMENTATIONS}")

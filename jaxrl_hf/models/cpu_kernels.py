@@ -4,9 +4,11 @@
 * ``kernels/cache_attention.cc``: one layer's attention over a KV cache that holds the new keys already, keys
   stored transposed (`cache_attention`; `attention.stored_attention` calls it);
 * ``kernels/clip_adamw.cc``: the optimizer update (clip + AdamW) of every parameter in one pass, in place
-  (`workers.fused_adamw`).
+  (`workers.fused_adamw`);
+* ``kernels/pair_matmul.cc``: bf16 products with float32 accumulation on AVX512-BF16, over operands packed in
+  pairs (`models.pair_matmul`; where `bf16_pairs` says the CPU has the instructions).
 
-The first two run the decode program, the third the train step. All share their work among XLA's intra-op threads
+The first two run the decode program, the third the train step, the fourth the bf16 training forward and backward. All share their work among XLA's intra-op threads
 (the calling thread claims work too, so it never waits on a task that has not started). At a 64-row SmolLM2-135M
 decode step the first two run the projections at ~415-450 GFLOP/s of this 2-core EPYC's ~510 (XLA's dot: ~230-320
 with the weights streaming from memory) and read the cache at ~39 GB/s (XLA's two products and softmax: ~22-28),
@@ -40,7 +42,9 @@ import numpy as np
 KERNELS = Path(__file__).with_name("kernels")
 TARGETS = {"jaxrl_hf_panel_matmul": ("panel_matmul.cc", "JaxrlHfPanelMatmul"),
            "jaxrl_hf_cache_attention": ("cache_attention.cc", "JaxrlHfCacheAttention"),
-           "jaxrl_hf_clip_adamw": ("clip_adamw.cc", "JaxrlHfClipAdamW")}
+           "jaxrl_hf_clip_adamw": ("clip_adamw.cc", "JaxrlHfClipAdamW"),
+           "jaxrl_hf_pair_matmul": ("pair_matmul.cc", "JaxrlHfPairMatmul"),
+           "jaxrl_hf_pack_pairs": ("pair_matmul.cc", "JaxrlHfPackPairs")}
 """XLA custom-call target -> (source file, handler symbol)."""
 HEADERS = ("shared_items.h",)
 """Headers the sources include (part of the library's cache key)."""
@@ -76,12 +80,11 @@ def _cpu_identity() -> str:
 def _cpu_supported() -> bool:
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return False
-    flags = _cpu_identity().split("\n")[-1]
-    return set(_CPU_FLAGS) <= set(flags.split())
+    return set(_CPU_FLAGS) <= cpu_flags()
 
 
 def _sources() -> list[Path]:
-    return [KERNELS / source for source, _ in TARGETS.values()]
+    return [KERNELS / source for source in dict.fromkeys(source for source, _ in TARGETS.values())]
 
 
 def _library_path() -> Path:
@@ -110,6 +113,16 @@ def _build(target: Path) -> None:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def cpu_flags() -> set[str]:
+    """This CPU's feature flags (``/proc/cpuinfo``; empty where unreadable)."""
+    return set(_cpu_identity().split("\n")[-1].split())
+
+
+def bf16_pairs() -> bool:
+    """Whether `models.pair_matmul` runs here: the kernels `available` and the CPU has AVX512-BF16."""
+    return "avx512_bf16" in cpu_flags() and available()
 
 
 @functools.cache

@@ -52,6 +52,7 @@ import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
 from jaxrl_hf.mesh.rules import logical_to_spec
+from jaxrl_hf.models import pair_matmul
 from jaxrl_hf.models.attention import cached_attention, self_attention, soft_cap, stored_attention
 from jaxrl_hf.models.config import DecoderConfig
 from jaxrl_hf.models.matmul import matmul_f32_accumulate
@@ -142,6 +143,7 @@ class _Proj(nn.Module):
     contract_dims: int = 1  # how many trailing dims of x are contracted
     f32_out: bool = False  # float32 results from a 16-bit compute dtype (the LM head's logits)
     panels: bool = False  # the kernel holds [fan_in, fan_out] in panel order (`DecoderConfig.cpu_kernels`)
+    pairs: bool = False  # bf16 products in `models.pair_matmul` where it fits (`DecoderConfig.pair_kernels`)
 
     @nn.compact
     def __call__(self, x: Array) -> Array:
@@ -159,6 +161,8 @@ class _Proj(nn.Module):
             y = panel_matmul(x2.astype(jnp.float32), w2)
         elif self.dtype == jnp.float32:
             y = jnp.dot(x2.astype(jnp.float32), w2.astype(jnp.float32))
+        elif self.pairs and not self.f32_out and pair_matmul.fits(*w2.shape):
+            y = pair_matmul.matmul(x2.astype(self.dtype), w2)
         else:
             y = matmul_f32_accumulate(x2.astype(self.dtype), w2, self.f32_out)
         y = y.reshape(*lead, *self.out_shape)
@@ -169,7 +173,8 @@ class _Proj(nn.Module):
 
 
 def _projections(c: DecoderConfig) -> Any:
-    return functools.partial(_Proj, dtype=_dtype(c.dtype), param_dtype=_dtype(c.param_dtype), panels=c.cpu_kernels)
+    return functools.partial(_Proj, dtype=_dtype(c.dtype), param_dtype=_dtype(c.param_dtype), panels=c.cpu_kernels,
+                             pairs=c.pair_kernels)
 
 
 class Attention(nn.Module):
@@ -380,8 +385,14 @@ class Decoder(nn.Module):
         return self.norm(x), new_kv
 
     def embed(self, input_ids: Array) -> Array:
-        """The token embeddings ``[B, T, embed]`` the first layer reads (Gemma: scaled by ``sqrt(hidden)``)."""
-        x = self.embed_tokens(input_ids)
+        """The token embeddings ``[B, T, embed]`` the first layer reads (Gemma: scaled by ``sqrt(hidden)``).
+
+        The rows are taken from the stored table and then cast to the compute dtype (flax's ``Embed`` casts the
+        whole ``[vocab, embed]`` table first; its gradient was a 16-bit scatter-add into a zeroed table, then
+        cast back: two passes over the table per update, and repeated tokens summed in bf16)."""
+        if not jnp.issubdtype(input_ids.dtype, jnp.integer):
+            raise ValueError(f"input_ids must be integer token ids, got {input_ids.dtype}")
+        x = jnp.take(self.embed_tokens.embedding, input_ids, axis=0).astype(_dtype(self.config.dtype))
         if self.config.is_gemma:  # Gemma: embedding * sqrt(hidden), the factor rounded to the compute dtype
             x = x * jnp.asarray(self.config.hidden_size ** 0.5, x.dtype)
         return constrain(x, ("batch", "length", "embed"), self.mesh, self.rules)

@@ -47,7 +47,7 @@ import numpy as np
 from jaxrl_hf import mesh as meshlib
 from jaxrl_hf.config.schema import RunConfig
 from jaxrl_hf.controller import PAD_ROWS_KEY, Batch, Dispatch, Worker, register
-from jaxrl_hf.models import param_logical_axes
+from jaxrl_hf.models import pair_matmul, param_logical_axes
 from jaxrl_hf.rollout import ENGINE_NAMES, JaxGenerationEngine, RolloutEngine, SamplingParams, make_rollout_engine
 from jaxrl_hf.rollout.loops import RolloutRequest, make_rollout_loop
 from jaxrl_hf.workers import checkpoint as ckpt
@@ -140,10 +140,12 @@ class ActorRolloutRefWorker(Worker):
             self.layout.check_process_rows(self.mesh, self.train, self.gen)
         params = jax.device_put(self.model.params, shardings)
         self.model.params = None  # the placed copy is the only one
-        self.log_prob_fn = lm_log_prob_fn(config, self.mesh, self.rule_set.activations)
-        self.packed_log_prob_fn = packed_log_prob_fn(config, self.mesh, self.rule_set.activations)
-        self.shared_prompt = SharedPromptForward(config, self.config.actor.share_prompt_forward, self.config.rollout.n,
-                                                 self.train.sp, self.mesh, self.rule_set.activations)
+        train_config = pair_matmul.training_config(config, self.mesh)  # the update's and log-probs' forward
+        self.log_prob_fn = lm_log_prob_fn(train_config, self.mesh, self.rule_set.activations)
+        self.packed_log_prob_fn = packed_log_prob_fn(train_config, self.mesh, self.rule_set.activations)
+        self.shared_prompt = SharedPromptForward(train_config, self.config.actor.share_prompt_forward,
+                                                 self.config.rollout.n, self.train.sp, self.mesh,
+                                                 self.rule_set.activations)
         if self.has_ref:
             self.ref_params = reference_params(params, config.dtype)
         self.lora = LoraPolicy.from_config(self.config.model, config, params, shardings, self.mesh,

@@ -16,7 +16,7 @@ import numpy as np
 from jaxrl_hf import mesh as meshlib
 from jaxrl_hf.config.schema import RunConfig
 from jaxrl_hf.controller import PAD_ROWS_KEY, Batch, Dispatch, Worker, register
-from jaxrl_hf.models import value_param_logical_axes, value_params_from_lm
+from jaxrl_hf.models import pair_matmul, value_param_logical_axes, value_params_from_lm
 from jaxrl_hf.workers import checkpoint as ckpt
 from jaxrl_hf.workers.common import (LoadedModel, WorkerConfigError, check_sequence_parallel_heads, load_model,
                                      pad_sequences_to, param_shardings, to_global, train_parallel, train_rule_set,
@@ -86,8 +86,9 @@ class CriticWorker(Worker):
         optimizer = make_optimizer(self.optim, self.critic_cfg.grad_clip, where="critic.optim")
         state_shardings = train_state_shardings(params, shardings, optimizer, self.mesh)
         self.state = jax.jit(lambda p: init_train_state(p, optimizer), out_shardings=state_shardings)(params)
-        self.value_fn = value_head_fn(config, self.mesh, self.rule_set.activations)
-        self.packed_value_fn = packed_value_fn(config, self.mesh, self.rule_set.activations)
+        train_config = pair_matmul.training_config(config, self.mesh)
+        self.value_fn = value_head_fn(train_config, self.mesh, self.rule_set.activations)
+        self.packed_value_fn = packed_value_fn(train_config, self.mesh, self.rule_set.activations)
         update = self.batching["update"]
         loss_fn = functools.partial(critic_loss, value_fn=self._forward_fn(update), cfg=self.loss_cfg)
         self._train_step = make_train_step(loss_fn, self.optim, optimizer=optimizer,
