@@ -53,8 +53,8 @@ class DecoderConfig:
     ``cpu_kernels`` (float32 only; set by the CPU generation program, `layer_unrolled.cpu_kernel_module`): every
     projection kernel holds its ``[fan_in, fan_out]`` matrix in panel order, applied by `models.panel_matmul`, and
     attention over a stored cache runs in `models.cpu_kernels.cache_attention`. ``pair_kernels`` (bfloat16 only;
-    set by the actor's training programs where `models.pair_matmul.wanted`): the projections whose dimensions
-    `pair_matmul.fits` run forward and backward in `models.pair_matmul` (the generation program keeps XLA's dot).
+    set by the actor's and critic's training programs where `models.pair_matmul.wanted`): the projections' weight
+    gradients run in `models.pair_matmul` (forward passes, the generation program included, are unchanged).
     """
 
     vocab_size: int

@@ -52,7 +52,6 @@ import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
 from jaxrl_hf.mesh.rules import logical_to_spec
-from jaxrl_hf.models import pair_matmul
 from jaxrl_hf.models.attention import cached_attention, self_attention, soft_cap, stored_attention
 from jaxrl_hf.models.config import DecoderConfig
 from jaxrl_hf.models.matmul import matmul_f32_accumulate
@@ -143,7 +142,7 @@ class _Proj(nn.Module):
     contract_dims: int = 1  # how many trailing dims of x are contracted
     f32_out: bool = False  # float32 results from a 16-bit compute dtype (the LM head's logits)
     panels: bool = False  # the kernel holds [fan_in, fan_out] in panel order (`DecoderConfig.cpu_kernels`)
-    pairs: bool = False  # bf16 products in `models.pair_matmul` where it fits (`DecoderConfig.pair_kernels`)
+    pairs: bool = False  # the bf16 weight gradient in `models.pair_matmul` (`DecoderConfig.pair_kernels`)
 
     @nn.compact
     def __call__(self, x: Array) -> Array:
@@ -161,10 +160,8 @@ class _Proj(nn.Module):
             y = panel_matmul(x2.astype(jnp.float32), w2)
         elif self.dtype == jnp.float32:
             y = jnp.dot(x2.astype(jnp.float32), w2.astype(jnp.float32))
-        elif self.pairs and not self.f32_out and pair_matmul.fits(*w2.shape):
-            y = pair_matmul.matmul(x2.astype(self.dtype), w2)
         else:
-            y = matmul_f32_accumulate(x2.astype(self.dtype), w2, self.f32_out)
+            y = matmul_f32_accumulate(x2.astype(self.dtype), w2, self.f32_out, self.pairs)
         y = y.reshape(*lead, *self.out_shape)
         if self.bias_axes is not None:
             bias = self.param("bias", _init(nn.initializers.zeros, self.bias_axes), self.out_shape, self.param_dtype)

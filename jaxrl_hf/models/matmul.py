@@ -17,6 +17,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from jaxrl_hf.models import pair_matmul
+
 # XLA:CPU's bf16 dot (YNNPACK) runs ~2x slower at some row counts below 65 once K > 1024 (measured on a 2-core
 # AMD EPYC with AVX512-BF16, jax 0.10.2, `launch/bench/bench_matmul_rows.py`): at 64 rows, a 64-row decode step,
 # SmolLM2-135M's down projection takes 0.33-0.40 ms against 0.17-0.19 ms at 65. On a CPU backend a row count
@@ -29,10 +31,12 @@ _NT = (((1,), (1,)), ((), ()))  # [M,N] · [K,N]ᵀ
 _TN = (((0,), (0,)), ((), ()))  # [M,K]ᵀ · [M,N]
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def matmul_f32_accumulate(x: jnp.ndarray, w: jnp.ndarray, f32_out: bool = False) -> jnp.ndarray:
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def matmul_f32_accumulate(x: jnp.ndarray, w: jnp.ndarray, f32_out: bool = False,
+                          pair_kernel: bool = False) -> jnp.ndarray:
     """``x [M,K] · w [K,N]`` with ``w`` cast to ``x``'s dtype, every product accumulated in float32; the result
-    in ``x``'s dtype, or float32 with ``f32_out`` (logits for a softmax)."""
+    in ``x``'s dtype, or float32 with ``f32_out`` (logits for a softmax). ``pair_kernel``: a bf16 ``∂W`` of the
+    backward in `models.pair_matmul.weight_gradient` (``DecoderConfig.pair_kernels``)."""
     y = _dot_f32(x, w.astype(x.dtype), _NN)
     return y if f32_out else y.astype(x.dtype)
 
@@ -54,11 +58,12 @@ def padded_cpu_rows(m: int) -> int:
     return next((to for lo, hi, to in CPU_DOT_ROW_PADDING if lo <= m <= hi), m)
 
 
-def _forward(x: jnp.ndarray, w: jnp.ndarray, f32_out: bool) -> tuple[jnp.ndarray, tuple[jnp.ndarray, jnp.ndarray]]:
-    return matmul_f32_accumulate(x, w, f32_out), (x, w)
+def _forward(x: jnp.ndarray, w: jnp.ndarray, f32_out: bool,
+             pair_kernel: bool) -> tuple[jnp.ndarray, tuple[jnp.ndarray, jnp.ndarray]]:
+    return matmul_f32_accumulate(x, w, f32_out, pair_kernel), (x, w)
 
 
-def _backward(f32_out: bool, saved: tuple[jnp.ndarray, jnp.ndarray],
+def _backward(f32_out: bool, pair_kernel: bool, saved: tuple[jnp.ndarray, jnp.ndarray],
               dy: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
     x, w = saved
     # f32 logits keep an f32 cotangent: softmax − one-hot rounded to bf16 moved the tiny model's gradient norm
@@ -66,6 +71,8 @@ def _backward(f32_out: bool, saved: tuple[jnp.ndarray, jnp.ndarray],
     ct = jnp.float32 if f32_out else x.dtype
     dy = dy.astype(ct)
     dx = _dot_f32(dy, w.astype(ct), _NT).astype(x.dtype)
+    if pair_kernel and ct == jnp.bfloat16:  # XLA:CPU would run this dot in float32 (`models.pair_matmul`)
+        return dx, pair_matmul.weight_gradient(x, dy).astype(w.dtype)
     dw = jax.lax.dot_general(x.astype(ct), dy, _TN, preferred_element_type=jnp.float32).astype(w.dtype)
     return dx, dw
 

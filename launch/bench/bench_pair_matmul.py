@@ -1,15 +1,20 @@
-"""The training projections in bf16: XLA:CPU's dots (`models.matmul.matmul_f32_accumulate`) against the pair kernel
-(`models.pair_matmul.matmul`), forward and forward + backward, by row count:
+"""The bf16 training projections' weight gradient: XLA:CPU's dot against the pair kernel (`models.pair_matmul`), by
+row count:
 
     python launch/bench/bench_pair_matmul.py [--rows 64,128,256] [--layers 30] [--repeats 5] [--json OUT]
 
-For each ``K x N`` of SmolLM2-135M's projections, a jitted chain over ``--layers`` distinct float32 master weights
-(as the update's layers: each weight cast to bf16 in the program, 106 MB of float32 for 30 gate projections) of
-``x <- x + tanh(x · W_i)[:, :K] / 1000``; ``fwd``: the chain, ``fwd+bwd``: the gradient of its sum with respect
-to every weight and the input (the three products of each layer: y, ∂x, ∂W). Both sides alternate, best of
-``--repeats`` calls each; GFLOP/s counts 2·M·K·N per product (1 product forward, 3 forward + backward), and
-``xla / pair`` > 1 means the kernel is faster. The gradients are checked against each other (relative 2e-2: bf16
-activations, the same float32 sums in another order).
+For each ``K x N`` of SmolLM2-135M's projections, ``--layers`` distinct layers in one jitted program, as the
+update's layers:
+
+* ``dW``: the weight gradients alone, ``xᵀ · ∂y`` of bf16 ``[M, K]`` and ``[M, N]`` into float32 (``xla``:
+  ``dot_general`` with float32 accumulation, which XLA:CPU upcasts to a float32 dot; ``pair``:
+  `pair_matmul.weight_gradient`);
+* ``fwd+bwd``: the gradient of a chain ``x <- x + tanh(x · W_i)[:, :K] / 1000`` over float32 master weights
+  (`models.matmul.matmul_f32_accumulate`, ``pair_kernel`` off / on: the same forward and ∂x, ∂W in the kernel).
+
+Both sides alternate, best of ``--repeats`` calls each; GFLOP/s counts 2·M·K·N per product (1 for ``dW``, 3 for
+``fwd+bwd``), and ``xla / pair`` > 1 means the kernel is faster. The gradients are checked against each other
+(relative 1e-2: bf16 activations, float32 sums in another order).
 """
 
 from __future__ import annotations
@@ -31,21 +36,27 @@ from jaxrl_hf.models.matmul import matmul_f32_accumulate  # noqa: E402
 
 SHAPES = {"q_proj / o_proj": (576, 576), "k_proj / v_proj": (576, 192), "gate_proj / up_proj": (576, 1536),
           "down_proj": (1536, 576)}
-SIDES = {"xla": lambda x, w: matmul_f32_accumulate(x, w, False), "pair": pm.matmul}
+SIDES = ("xla", "pair")
+TN = (((0,), (0,)), ((), ()))
 
 
-def chain(matmul, x: jax.Array, weights: list[jax.Array]) -> jax.Array:
+def chain(pair: bool, x: jax.Array, weights: list[jax.Array]) -> jax.Array:
     h = x
     for w in weights:
-        y = matmul(h, w)[:, :h.shape[1]].astype(jnp.float32)
+        y = matmul_f32_accumulate(h, w, False, pair)[:, :h.shape[1]].astype(jnp.float32)
         h = h + (jnp.tanh(jnp.pad(y, ((0, 0), (0, h.shape[1] - y.shape[1])))) * 1e-3).astype(h.dtype)
     return h
 
 
-def programs(matmul):
-    forward = jax.jit(lambda x, ws: chain(matmul, x, ws))
-    backward = jax.jit(jax.grad(lambda x, ws: chain(matmul, x, ws).astype(jnp.float32).sum(), argnums=(0, 1)))
-    return forward, backward
+def programs(pair: bool):
+    """``(dW alone, fwd+bwd)`` of one side."""
+    if pair:
+        dw = jax.jit(lambda xs, dys: [pm.weight_gradient(x, dy) for x, dy in zip(xs, dys)])
+    else:
+        dw = jax.jit(lambda xs, dys: [jax.lax.dot_general(x, dy, TN, preferred_element_type=jnp.float32)
+                                      for x, dy in zip(xs, dys)])
+    grad = jax.jit(jax.grad(lambda x, ws: chain(pair, x, ws).astype(jnp.float32).sum(), argnums=(0, 1)))
+    return dw, grad
 
 
 def best(fn, *args, repeats: int) -> float:
@@ -72,22 +83,24 @@ def main() -> None:
     results = []
     print(f"{'projection':20s} {'rows':>5s} {'pass':8s} {'xla ms':>8s} {'pair ms':>8s} {'xla GF/s':>9s} "
           f"{'pair GF/s':>9s} {'xla/pair':>8s}")
+    progs = {side: programs(side == "pair") for side in SIDES}
     for name, (k, n) in SHAPES.items():
         weights = [jnp.asarray(rs.randn(k, n) * k ** -0.5, jnp.float32) for _ in range(args.layers)]
-        progs = {side: programs(fn) for side, fn in SIDES.items()}
         for m in rows_list:
             x = jnp.asarray(rs.randn(m, k), jnp.bfloat16)
-            grads = {side: progs[side][1](x, weights) for side in SIDES}
-            for ref, got in zip(jax.tree.leaves(grads["xla"]), jax.tree.leaves(grads["pair"])):
-                ref, got = np.asarray(ref, np.float64), np.asarray(got, np.float64)
-                if np.abs(got - ref).max() > 2e-2 * max(np.abs(ref).max(), 1e-6):
-                    sys.exit(f"{name} at {m} rows: the pair kernel's gradient differs from XLA's")
-            for which, products in (("fwd", 1), ("fwd+bwd", 3)):
-                index = 0 if which == "fwd" else 1
+            xs = [jnp.asarray(rs.randn(m, k), jnp.bfloat16) for _ in range(args.layers)]
+            dys = [jnp.asarray(rs.randn(m, n), jnp.bfloat16) for _ in range(args.layers)]
+            inputs = {"dW": (xs, dys), "fwd+bwd": (x, weights)}
+            for which, index, products in (("dW", 0, 1), ("fwd+bwd", 1, 3)):
+                outs = [jax.tree.leaves(progs[side][index](*inputs[which])) for side in SIDES]
+                for ref, got in zip(*outs):
+                    ref, got = np.asarray(ref, np.float64), np.asarray(got, np.float64)
+                    if np.abs(got - ref).max() > 1e-2 * max(np.abs(ref).max(), 1e-6):
+                        sys.exit(f"{name} at {m} rows ({which}): the pair kernel's result differs from XLA's")
                 times = {side: [] for side in SIDES}
                 for _ in range(2):  # alternate the sides
                     for side in SIDES:
-                        times[side].append(best(progs[side][index], x, weights, repeats=args.repeats))
+                        times[side].append(best(progs[side][index], *inputs[which], repeats=args.repeats))
                 t = {side: min(v) for side, v in times.items()}
                 flops = 2.0 * m * k * n * products * args.layers
                 row = {"projection": name, "k": k, "n": n, "rows": m, "pass": which,

@@ -1,4 +1,6 @@
-// bf16 matmul with float32 accumulation on AVX512-BF16 (vdpbf16ps): y[M, N] = a[M, K] · b[K, N], K even.
+// bf16 matmul with float32 accumulation on AVX512-BF16 (vdpbf16ps): y[M, N] = a[M, K] · b[K, N], K even. The
+// training step's weight gradients ∂W = xᵀ · ∂y run here (models/pair_matmul.py): XLA:CPU upcasts both bf16
+// operands of that dot to float32 and runs Eigen's float32 dot.
 //
 // vdpbf16ps multiplies pairs of bf16 and adds both products to one float32 lane, so b is stored as pair panels:
 // column panel p (columns [48p, 48p + 48)), then k-pair j, then column c: the two bf16 b[2j, 48p + c] and
@@ -7,17 +9,14 @@
 //
 // The product (JaxrlHfPairMatmul): blocks of up to 8 rows of a times one panel into 8 x 48 float32
 // accumulators (24 AVX-512 registers); per k-pair three panel loads, eight broadcasts of a's unit, 24 vdpbf16ps.
-// A panel (K x 96 bytes, 55 KB at K = 576) is reused from L2 by every row block of a chunk of 128 rows. Each
-// output is one float32 sum over the k-pairs in order, each pair's two products added in the instruction.
+// A panel is reused from L2 by every row block of a chunk of 128 rows. Each output is one float32 sum over the
+// k-pairs in order, each pair's two products added in the instruction.
 //
-// The packing (JaxrlHfPackPairs): a bf16 [R, C] row-major source into pair panels, of the source itself
-// (transpose = 0: b = src, K = R, N = C) or of its transpose (transpose = 1: b = srcᵀ, K = C, N = R; the unit
-// of panel p, pair j, column c is src[48p + c, 2j .. 2j + 1], adjacent in src's row).
+// The packing (JaxrlHfPackPairs): a bf16 [K, N] row-major b into its pair panels.
 //
-// The callers (models/pair_matmul.py) pad K to even and N to a multiple of 48. Threads: (chunk, panel) items
-// shared by the calling thread and XLA's intra-op pool (shared_items.h). Functions using the BF16 instructions
-// carry a target attribute, so the library builds on any AVX-512 CPU; Python calls them only where the CPU
-// reports avx512_bf16.
+// The caller pads K to even and N to a multiple of 48. Threads: the items are shared by the calling thread and
+// XLA's intra-op pool (shared_items.h). Functions using the BF16 instructions carry a target attribute, so the
+// library builds on any AVX-512 CPU; Python calls them only where the CPU reports avx512_bf16.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -87,60 +86,22 @@ struct Product : jaxrl_hf::SharedItems<Product> {  // an item: one panel of one 
 struct Pack : jaxrl_hf::SharedItems<Pack> {  // an item: one panel's units for a block of 16 k-pairs
   const uint16_t* src;
   uint32_t* out;
-  int64_t rows, cols, pairs, transpose;
+  int64_t cols, pairs;
   static constexpr int64_t kPairBlock = 16;
 
   int64_t Blocks() const { return (pairs + kPairBlock - 1) / kPairBlock; }
 
-  void Item(int64_t item) {
+  void Item(int64_t item) {  // unit (j, c) of panel p = src[2j, 48p + c], src[2j + 1, 48p + c]
     const int64_t p = item / Blocks(), j0 = item % Blocks() * kPairBlock, j1 = std::min(j0 + kPairBlock, pairs);
     uint32_t* panel = out + p * pairs * kPanel;
-    if (!transpose) {  // unit (j, c) = src[2j, 48p + c], src[2j + 1, 48p + c]
-      for (int64_t j = j0; j < j1; ++j) {
-        const uint16_t* r0 = src + 2 * j * cols + p * kPanel;
-        const uint16_t* r1 = r0 + cols;
-        for (int64_t c = 0; c < kPanel; c += 16) {
-          const __m512i lo = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(r0 + c)));
-          const __m512i hi = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(r1 + c)));
-          _mm512_storeu_si512(panel + j * kPanel + c, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
-        }
+    for (int64_t j = j0; j < j1; ++j) {
+      const uint16_t* r0 = src + 2 * j * cols + p * kPanel;
+      const uint16_t* r1 = r0 + cols;
+      for (int64_t c = 0; c < kPanel; c += 16) {
+        const __m512i lo = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(r0 + c)));
+        const __m512i hi = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(r1 + c)));
+        _mm512_storeu_si512(panel + j * kPanel + c, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
       }
-      return;
-    }
-    // transpose: unit (j, c) = src[48p + c, 2j .. 2j + 1]; 16 x 16 blocks of units read by rows, written by pairs
-    const int64_t width = j1 - j0;
-    const __mmask16 lanes = static_cast<__mmask16>((1u << width) - 1u);
-    for (int64_t c0 = 0; c0 < kPanel; c0 += 16) {
-      __m512i r[16];
-      for (int c = 0; c < 16; ++c)
-        r[c] = _mm512_maskz_loadu_epi32(lanes, src + (p * kPanel + c0 + c) * cols + 2 * j0);
-      Transpose16(r);
-      for (int64_t j = 0; j < width; ++j) _mm512_storeu_si512(panel + (j0 + j) * kPanel + c0, r[j]);
-    }
-  }
-
-  // r[i] holds units (i, 0..15) of a 16 x 16 block; afterwards r[j] holds units (0..15, j). Three stages: 32-bit
-  // and 64-bit interleaves inside each 128-bit lane, then a 4 x 4 transpose of the lanes.
-  static void Transpose16(__m512i r[16]) {
-    __m512i a[16], b[16];
-    for (int i = 0; i < 8; ++i) {
-      a[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-      a[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-    }
-    for (int i = 0; i < 4; ++i) {  // b[4i + k], lane L: rows 4i .. 4i + 3 of column 4L + k
-      b[4 * i] = _mm512_unpacklo_epi64(a[4 * i], a[4 * i + 2]);
-      b[4 * i + 1] = _mm512_unpackhi_epi64(a[4 * i], a[4 * i + 2]);
-      b[4 * i + 2] = _mm512_unpacklo_epi64(a[4 * i + 1], a[4 * i + 3]);
-      b[4 * i + 3] = _mm512_unpackhi_epi64(a[4 * i + 1], a[4 * i + 3]);
-    }
-    for (int k = 0; k < 4; ++k) {  // column 4L + k: lane i from b[4i + k]'s lane L
-      const __m512i t0 = _mm512_shuffle_i32x4(b[k], b[4 + k], 0x44), t1 = _mm512_shuffle_i32x4(b[k], b[4 + k], 0xEE);
-      const __m512i t2 = _mm512_shuffle_i32x4(b[8 + k], b[12 + k], 0x44);
-      const __m512i t3 = _mm512_shuffle_i32x4(b[8 + k], b[12 + k], 0xEE);
-      r[k] = _mm512_shuffle_i32x4(t0, t2, 0x88);
-      r[4 + k] = _mm512_shuffle_i32x4(t0, t2, 0xDD);
-      r[8 + k] = _mm512_shuffle_i32x4(t1, t3, 0x88);
-      r[12 + k] = _mm512_shuffle_i32x4(t1, t3, 0xDD);
     }
   }
 };
@@ -165,22 +126,16 @@ ffi::Error PairMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::BF16> a, ffi::B
   return ffi::Error::Success();
 }
 
-ffi::Error PackPairsImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::BF16> src, ffi::ResultBuffer<ffi::BF16> out,
-                         int64_t transpose) {
+ffi::Error PackPairsImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::BF16> src, ffi::ResultBuffer<ffi::BF16> out) {
   const auto sd = src.dimensions(), od = out->dimensions();
-  const bool two_d = sd.size() == 2 && od.size() == 2;
-  const int64_t k = !two_d ? 0 : transpose ? sd[1] : sd[0], n = !two_d ? 0 : transpose ? sd[0] : sd[1];
-  if (!two_d || od[0] != k || od[1] != n || k % 2 != 0 || n % kPanel != 0 || n == 0)
-    return ffi::Error::InvalidArgument("pack_pairs expects src [R, C] and out [K, N] (its transpose with "
-                                       "transpose = 1), K even, N a multiple of 48");
+  if (sd.size() != 2 || od.size() != 2 || od[0] != sd[0] || od[1] != sd[1] || sd[0] % 2 != 0 || sd[1] % kPanel != 0)
+    return ffi::Error::InvalidArgument("pack_pairs expects b [K, N] and out [K, N], K even, N a multiple of 48");
   auto work = std::make_shared<Pack>();
   work->src = reinterpret_cast<const uint16_t*>(src.untyped_data());
   work->out = reinterpret_cast<uint32_t*>(out->untyped_data());
-  work->rows = sd[0];
   work->cols = sd[1];
-  work->pairs = k / 2;
-  work->transpose = transpose;
-  work->items = n / kPanel * work->Blocks();
+  work->pairs = sd[0] / 2;
+  work->items = sd[1] / kPanel * work->Blocks();
   jaxrl_hf::RunShared(pool, work, jaxrl_hf::Helpers(pool, work->items));
   return ffi::Error::Success();
 }
@@ -198,5 +153,4 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxrlHfPackPairs, PackPairsImpl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::BF16>>()
-                                  .Ret<ffi::Buffer<ffi::BF16>>()
-                                  .Attr<int64_t>("transpose"));
+                                  .Ret<ffi::Buffer<ffi::BF16>>());
