@@ -5,10 +5,10 @@
   stored transposed (`cache_attention`; `attention.stored_attention` calls it);
 * ``kernels/clip_adamw.cc``: the optimizer update (clip + AdamW) of every parameter in one pass, in place
   (`workers.fused_adamw`);
-* ``kernels/pair_matmul.cc``: bf16 products with float32 accumulation on AVX512-BF16, over operands packed in
+* ``kernels/pair_matmul.cc``: bf16 products with float32 accumulation on AVX512-BF16, over an operand packed in
   pairs (`models.pair_matmul`; where `bf16_pairs` says the CPU has the instructions).
 
-The first two run the decode program, the third the train step, the fourth the bf16 training forward and backward. All share their work among XLA's intra-op threads
+The first two run the decode program, the third the train step, the fourth the bf16 training's weight gradients. All share their work among XLA's intra-op threads
 (the calling thread claims work too, so it never waits on a task that has not started). At a 64-row SmolLM2-135M
 decode step the first two run the projections at ~415-450 GFLOP/s of this 2-core EPYC's ~510 (XLA's dot: ~230-320
 with the weights streaming from memory) and read the cache at ~39 GB/s (XLA's two products and softmax: ~22-28),

@@ -2,12 +2,14 @@
 
 `models.matmul.matmul_f32_accumulate`'s backward computes ``∂W = xᵀ · ∂y`` (bf16 operands, float32 sums) here
 where ``DecoderConfig.pair_kernels`` is set: XLA:CPU's ``operand_upcaster`` converts both operands of that dot
-(its left operand contracts over its major dimension) to float32 and runs Eigen's float32 dot, ~160-200 GFLOP/s of
-this 2-core EPYC's ~960 bf16 peak, while the forward and input-gradient dots run on YNNPACK in bf16
-(docs/BENCHMARKS.md). The kernel multiplies a row-major bf16 ``a`` by a ``b`` packed in pairs along its
-contraction (`pack_pairs`) with ``vdpbf16ps`` (two bf16 products added into one float32 lane): ``a`` is ``xᵀ``
-with the rows of ``x`` in pairs (`row_pairs_transposed`, an XLA transpose of the activations), ``b`` is ``∂y``.
-No weight is packed or copied. Each sum is float32 over the rows in order, as XLA's up to summation order; bf16
+(its left operand contracts over its major dimension) to float32 and runs Eigen's float32 dot, while the forward
+and input-gradient dots run on YNNPACK in bf16. At SmolLM2-135M's projections and 64-256 rows XLA's weight
+gradient runs at ~260-410 GFLOP/s of this 2-core EPYC's ~960 bf16 peak, the kernel at ~360-770: 1.3-2.0x
+(`launch/bench/bench_pair_matmul.py`, docs/BENCHMARKS.md).
+
+The kernel multiplies a row-major bf16 ``a`` by a ``b`` packed in pairs along its contraction (`pack_pairs`) with
+``vdpbf16ps`` (two bf16 products added into one float32 lane): ``a`` is ``xᵀ`` with the rows of ``x`` in pairs
+(`row_pairs_transposed`, an XLA transpose of the activations), ``b`` is ``∂y``. No weight is packed or copied. Each sum is float32 over the rows in order, as XLA's up to summation order; bf16
 denormals (below ~1e-38) count as zero (`tests/test_models_pair_matmul.py`).
 
 On a CPU with AMX (``amx_bf16``) XLA's bf16 dots run on the matrix units and the training programs keep them
