@@ -117,3 +117,10 @@ def test_only_bf16_training_on_one_cpu_device_asks_for_it(monkeypatch):
     with pytest.raises(ValueError, match="pair_kernels needs dtype bfloat16"):
         DecoderConfig(vocab_size=8, hidden_size=48, intermediate_size=48, num_hidden_layers=1, num_attention_heads=1,
                       num_key_value_heads=1, head_dim=48, pair_kernels=True)
+
+
+def test_a_cpu_without_the_instructions_gets_a_clear_error(monkeypatch):
+    monkeypatch.setattr(cpu_kernels, "bf16_pairs", lambda: False)
+    x = jnp.ones((4, 96), jnp.bfloat16)
+    with pytest.raises(ValueError, match="pair_kernels: the bf16 pair kernel does not run here"):
+        jax.grad(lambda w: matmul_f32_accumulate(x, w, False, True).astype(jnp.float32).sum())(jnp.ones((96, 48)))

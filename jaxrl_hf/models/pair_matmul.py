@@ -76,6 +76,10 @@ def row_pairs_transposed(x: jnp.ndarray) -> jnp.ndarray:
 def weight_gradient(x: jnp.ndarray, dy: jnp.ndarray) -> jnp.ndarray:
     """``xᵀ · dy`` ``[K, N]`` float32 for ``x [M, K]`` and ``dy [M, N]`` in bf16 (rows padded to even, ``dy``'s
     columns to a multiple of `PANEL` and dropped again)."""
+    if not cpu_kernels.bf16_pairs():  # the kernel's instructions would fault: say why instead
+        raise ValueError("DecoderConfig.pair_kernels: the bf16 pair kernel does not run here (it needs an x86-64 "
+                         "CPU with AVX512-BF16, g++, and JAXRL_HF_CPU_KERNELS not 0); set it through "
+                         "pair_matmul.training_config, which checks")
     (m, _), n = x.shape, dy.shape[1]
     dy = jnp.pad(dy.astype(jnp.bfloat16), ((0, m % 2), (0, -n % PANEL)))
     dw = pair_product(row_pairs_transposed(x.astype(jnp.bfloat16)), pack_pairs(dy))
