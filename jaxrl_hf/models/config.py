@@ -3,8 +3,8 @@ and written to HF ``config.json`` by `jaxrl_hf.models.hf_config`.
 
 ``DecoderConfig`` is frozen and hashable so it can be a static argument of ``jax.jit`` and an
 attribute of a flax module. Architecture fields mirror the HF names; ``dtype`` / ``param_dtype`` /
-``remat`` / ``attn_implementation`` / ``scan_layers`` / ``packed_rows`` / ``cpu_kernels`` / ``pair_kernels`` are runtime
-options that never appear in ``config.json``.
+``remat`` / ``attn_implementation`` / ``scan_layers`` / ``packed_rows`` / ``cpu_kernels`` / ``pair_kernels`` are
+runtime options that never appear in ``config.json``.
 """
 
 from __future__ import annotations

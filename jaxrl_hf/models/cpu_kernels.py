@@ -8,8 +8,9 @@
 * ``kernels/pair_matmul.cc``: bf16 products with float32 accumulation on AVX512-BF16, over an operand packed in
   pairs (`models.pair_matmul`; where `bf16_pairs` says the CPU has the instructions).
 
-The first two run the decode program, the third the train step, the fourth the bf16 training's weight gradients. All share their work among XLA's intra-op threads
-(the calling thread claims work too, so it never waits on a task that has not started). At a 64-row SmolLM2-135M
+The first two run the decode program, the third the train step, the fourth the bf16 training's weight gradients.
+All share their work among XLA's intra-op threads (the calling thread claims work too, so it never waits on a task
+that has not started). At a 64-row SmolLM2-135M
 decode step the first two run the projections at ~415-450 GFLOP/s of this 2-core EPYC's ~510 (XLA's dot: ~230-320
 with the weights streaming from memory) and read the cache at ~39 GB/s (XLA's two products and softmax: ~22-28),
 `launch/bench/bench_cpu_kernels.py`, docs/BENCHMARKS.md.
@@ -67,8 +68,10 @@ def cache_attention(q: jnp.ndarray, kt: jnp.ndarray, v: jnp.ndarray, mask: jnp.n
     return out.reshape(b, k, g, t, d).transpose(0, 3, 1, 2, 4)
 
 
+@functools.cache
 def _cpu_identity() -> str:
-    """This CPU's model name and feature flags (``/proc/cpuinfo``; empty where unreadable)."""
+    """This CPU's model name and feature flags (``/proc/cpuinfo``, read once; empty where unreadable): asked at
+    every trace of a weight gradient (`bf16_pairs`)."""
     try:
         lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:

@@ -9,8 +9,9 @@ gradient runs at ~260-410 GFLOP/s of this 2-core EPYC's ~960 bf16 peak, the kern
 
 The kernel multiplies a row-major bf16 ``a`` by a ``b`` packed in pairs along its contraction (`pack_pairs`) with
 ``vdpbf16ps`` (two bf16 products added into one float32 lane): ``a`` is ``xᵀ`` with the rows of ``x`` in pairs
-(`row_pairs_transposed`, an XLA transpose of the activations), ``b`` is ``∂y``. No weight is packed or copied. Each sum is float32 over the rows in order, as XLA's up to summation order; bf16
-denormals (below ~1e-38) count as zero (`tests/test_models_pair_matmul.py`).
+(`row_pairs_transposed`, an XLA transpose of the activations), ``b`` is ``∂y``. No weight is packed or copied.
+Each sum is float32 over the rows in order, as XLA's up to summation order; bf16 denormals (below ~1e-38) count as
+zero (`tests/test_models_pair_matmul.py`).
 
 On a CPU with AMX (``amx_bf16``) XLA's bf16 dots run on the matrix units and the training programs keep them
 (`wanted`).
