@@ -173,3 +173,55 @@ def test_refuses_mismatched_leaves_naming_the_leaf():
         clip_adamw([w, w], [w, w], [w, w], [w, w.astype(jnp.bfloat16)], hyper)
     with pytest.raises(ValueError, match="1 gradients, 2 params"):
         clip_adamw([w], [w, w], [w, w], [w, w], hyper)
+    with pytest.raises(ValueError, match=r"gradient leaf 0 is \['float32\[2, 2\]'\]; needs float32 with 6 elements"):
+        clip_adamw([w[:2]], [w], [w], [w], hyper)
+
+
+def test_a_leaf_updated_from_gradient_pieces_equals_the_whole_gradient():
+    optim = OptimConfig(lr=1e-3, weight_decay=0.01, warmup_steps=0)
+    optimizer = make_optimizer(optim, 1.0)
+    state, grads = _state(optimizer)
+    leaves = jax.tree.leaves(state.params)
+    adam = state.opt_state[1].inner_state[0]
+    mu, nu, g = jax.tree.leaves(adam.mu), jax.tree.leaves(adam.nu), jax.tree.leaves(grads)
+    hyper = jnp.asarray([0.7, 0.1, 0.9, 0.001, 0.999, 2.0, 3.0, 1e-8, 0.01, -1e-3], jnp.float32)
+    whole = jax.jit(clip_adamw)(g, leaves, mu, nu, hyper)
+    # every leaf in three pieces of its elements (any shapes: the counts add up; some empty), the 0-size one whole
+    pieces = [[*jnp.split(x.reshape(-1), [x.size // 3, x.size // 2])[:2], x.reshape(-1)[x.size // 2:].reshape(-1, 1)]
+              if x.size else [x] for x in g]
+    split = jax.jit(clip_adamw)(pieces, leaves, mu, nu, hyper)
+    for a, b in zip(jax.tree.leaves(whole), jax.tree.leaves(split)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_unrolled_layers_take_per_layer_gradients_with_the_same_updates():
+    from _models_helpers import random_params, tiny_config
+    from jaxrl_hf.workers.losses import response_log_probs
+
+    config = tiny_config(num_hidden_layers=3, scan_layers=False)
+    params = random_params(config, seed=2)
+    ids = jnp.asarray(np.random.RandomState(0).randint(3, config.vocab_size, (2, 9)), jnp.int32)
+    micro = {"ids": ids[None], "weight": jnp.linspace(-1.0, 1.0, 2 * 4).reshape(1, 2, 4)}
+
+    def loss_fn(p, mb, _):
+        logp, _ = response_log_probs(p, config, mb["ids"], jnp.ones_like(mb["ids"]),
+                                     jnp.broadcast_to(jnp.arange(9), mb["ids"].shape), 4)
+        return jnp.sum(logp * mb["weight"]), {}
+
+    optim = OptimConfig(lr=1e-2, weight_decay=0.01, warmup_steps=0)
+    optimizer = make_optimizer(optim, 1.0)
+    fused = {"stacked": fused_update_for(optim, 1.0, params, None),
+             "per_layer": fused_update_for(optim, 1.0, params, None, unrolled_layers=3)}
+    assert fused["stacked"].layers == 0 and fused["per_layer"].layers == 3
+    assert fused_update_for(optim, 1.0, {"w": params["model"]["embed_tokens"]["embedding"]}, None, 3).layers == 0
+    steps = {k: make_train_step(loss_fn, optim, optimizer=optimizer, fused=f, donate=False) for k, f in fused.items()}
+    text = steps["per_layer"].lower(init_train_state(params, optimizer), micro).compile().as_text()
+    stacked_grads = [line for line in text.splitlines() if " concatenate(" in line and "f32[3," in line]
+    assert not stacked_grads, stacked_grads[:2]  # each layer's gradient goes to the kernel as it was made
+    states = {k: init_train_state(jax.tree.map(jnp.copy, params), optimizer) for k in steps}
+    for _ in range(2):
+        for k, step in steps.items():
+            states[k], metrics = step(states[k], micro)
+    assert float(metrics["grad_norm"]) > 0
+    for a, b in zip(jax.tree.leaves(states["per_layer"]), jax.tree.leaves(states["stacked"])):  # XLA may order
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7)  # the two programs' sums apart

@@ -3,8 +3,8 @@ and written to HF ``config.json`` by `jaxrl_hf.models.hf_config`.
 
 ``DecoderConfig`` is frozen and hashable so it can be a static argument of ``jax.jit`` and an
 attribute of a flax module. Architecture fields mirror the HF names; ``dtype`` / ``param_dtype`` /
-``remat`` / ``attn_implementation`` / ``scan_layers`` / ``packed_rows`` / ``cpu_kernels`` / ``pair_kernels`` are
-runtime options that never appear in ``config.json``.
+``remat`` / ``attn_implementation`` / ``scan_layers`` / ``packed_rows`` / ``shared_prompt`` / ``cpu_kernels`` /
+``pair_kernels`` are runtime options that never appear in ``config.json``.
 """
 
 from __future__ import annotations
@@ -50,6 +50,9 @@ class DecoderConfig:
     full layers use ``rope_theta`` and ``rope_scaling``). ``packed_rows = (r, T)``: the input is packed sequences
     of at most ``r`` rows (segment ids ``1 .. r``) of at most ``T`` tokens each, and attention runs one row at a
     time (`jaxrl_hf.models.packed_attention.per_row_attention`); set per program by the packed forward passes.
+    ``shared_prompt = (P, n, R)``: each input row is one prompt of ``P`` tokens followed by ``n`` responses of ``R``
+    tokens, every response attending to the prompt and causally to itself
+    (`jaxrl_hf.models.shared_prompt_attention`); set by the actor's shared-prompt forward.
     ``cpu_kernels`` (float32 only; set by the CPU generation program, `layer_unrolled.cpu_kernel_module`): every
     projection kernel holds its ``[fan_in, fan_out]`` matrix in panel order, applied by `models.panel_matmul`, and
     attention over a stored cache runs in `models.cpu_kernels.cache_attention`. ``pair_kernels`` (bfloat16 only;
@@ -90,6 +93,7 @@ class DecoderConfig:
     attn_implementation: str = "auto"
     scan_layers: bool = True
     packed_rows: tuple[int, ...] = ()
+    shared_prompt: tuple[int, ...] = ()
     cpu_kernels: bool = False
     pair_kernels: bool = False
 
@@ -130,6 +134,12 @@ class DecoderConfig:
                 not isinstance(n, int) or isinstance(n, bool) or n < 1 for n in self.packed_rows)):
             raise ValueError(f"DecoderConfig.packed_rows={self.packed_rows!r} must be () or (rows per packed "
                              "sequence, longest row), two positive ints")
+        if self.shared_prompt and (len(self.shared_prompt) != 3 or any(
+                not isinstance(n, int) or isinstance(n, bool) or n < 1 for n in self.shared_prompt)):
+            raise ValueError(f"DecoderConfig.shared_prompt={self.shared_prompt!r} must be () or (prompt length, "
+                             "samples, response length), three positive ints")
+        if self.shared_prompt and self.packed_rows:
+            raise ValueError("DecoderConfig.shared_prompt and packed_rows are two layouts of a row; set one")
         if self.cpu_kernels and self.dtype != "float32":
             raise ValueError(f"DecoderConfig.cpu_kernels needs dtype float32, got {self.dtype!r}")
         if self.pair_kernels and self.dtype != "bfloat16":

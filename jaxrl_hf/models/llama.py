@@ -58,6 +58,7 @@ from jaxrl_hf.models.matmul import matmul_f32_accumulate
 from jaxrl_hf.models.packed_attention import per_row_attention
 from jaxrl_hf.models.panel_matmul import panel_matmul
 from jaxrl_hf.models.rope import apply_rope, rope_frequencies
+from jaxrl_hf.models.shared_prompt_attention import shared_prompt_attention
 
 Array = jnp.ndarray
 KVCache = dict[str, Array]
@@ -250,7 +251,10 @@ class Attention(nn.Module):
             segments = jax.lax.dynamic_slice_in_dim(attention_mask.astype(jnp.int32), cache_index, t, axis=1)
             attend = functools.partial(self_attention, scale=c.attention_scale, implementation=c.attn_implementation,
                                        window=window, softcap=c.attn_logit_softcapping)
-            if c.packed_rows:  # packed sequences: attention one row at a time
+            if c.shared_prompt:  # a prompt and its responses in each row
+                out = shared_prompt_attention(qg, kk, v, segments, c.shared_prompt, attend, c.attention_scale, window,
+                                              c.attn_logit_softcapping)
+            elif c.packed_rows:  # packed sequences: attention one row at a time
                 out = per_row_attention(qg, kk, v, segments, *c.packed_rows, attend)
             else:
                 out = attend(qg, kk, v, segments)

@@ -159,7 +159,8 @@ class ActorRolloutRefWorker(Worker):
             build = functools.partial(build_actor_update, self.config.actor, self.config.rollout.temperature,
                                       param_shapes=params, param_shardings=shardings, mesh=self.mesh,
                                       live_fn=has_response_tokens if update.dynamic else None,
-                                      combine=self.lora.combine if self.lora is not None else None)
+                                      combine=self.lora.combine if self.lora is not None else None,
+                                      unrolled_layers=0 if config.scan_layers else config.num_hidden_layers)
             program = build(self._forward_fn(update))
             self.loss_cfg, self.optim = program.loss_cfg, program.optim
             self._train_steps = {False: program.step}  # keyed by "the prompts are shared" (jitted lazily)

@@ -96,7 +96,8 @@ class CriticWorker(Worker):
                                            summed_aux=CRITIC_SUMMED_METRICS, state_shardings=state_shardings,
                                            live_fn=has_response_tokens if update.dynamic else None,
                                            fused=fused_update_for(self.optim, self.critic_cfg.grad_clip, params,
-                                                                  self.mesh))
+                                                                  self.mesh, 0 if config.scan_layers
+                                                                  else config.num_hidden_layers))
         self.global_step = 0
         return {"num_params": int(sum(np.prod(x.shape) for x in jax.tree.leaves(params))), "mesh": dict(self.mesh.shape)}
 

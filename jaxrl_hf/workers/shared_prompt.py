@@ -2,19 +2,22 @@
 
 GRPO-style rollouts put the ``n`` samples of a prompt in adjacent rows: their first ``P`` columns (the left-padded
 prompt, its mask and positions) are equal, so the decoder's activations there are equal too (a causal model's
-prompt positions never see the response). For rows in whole groups of ``n`` equal prompts this forward runs
+prompt positions never see the response). For rows in whole groups of ``n`` equal prompts this forward lays each
+group out as one row (`group_rows`) and runs the decoder once over them:
 
-    prompt pass:    hidden_p, (K_p, V_p) = decoder(prompt tokens)                 one row per group  [G, P]
-    response pass:  hidden_r = decoder(response tokens | cache = (K_p, V_p) of its group)            [G·n, R]
-    log π(y_t):     LM head on [hidden_p[P-1], hidden_r[0 .. R-2]]  (the positions predicting y_0 .. y_{R-1})
+    group row:     [prompt (P) | response 1 (R) | ... | response n (R)]                  [G, P + n·R]
+    attention:     the prompt causally; each response over its prompt's keys and, causally, its own
+                   (`jaxrl_hf.models.shared_prompt_attention`, ``DecoderConfig.shared_prompt = (P, n, R)``)
+    log π(y_t):    LM head on [hidden(prompt)[P-1], hidden(response)[0 .. R-2]]  (the positions predicting y_0 ..)
 
-The response queries attend over the prompt's keys/values (a full cache of ``P`` slots) and, causally, their own
-(the decoder's chunk-over-cache attention, `jaxrl_hf.models.attention.cached_attention`, with ``[R, P + R]`` scores:
-the response rows of the padded forward's ``[T, T]`` ones): the same keys with the same positions and masks as the
-padded ``[G·n, P + R]`` forward, so log-probs and entropies equal it up to float summation order, and so do the
-gradients (the prompt pass's activations receive the sum over the group's samples, which is what backpropagation
-through ``n`` equal copies computes). The decoder then processes ``G·P + G·n·R`` token positions instead of
-``G·n·(P + R)``: about half at GRPO's usual prompt/response shapes.
+Each response's scores are ``[R, P + R]``, the padded forward's response rows, over the same keys with the same
+positions and masks, so log-probs and entropies equal it up to float summation order, and so do the gradients (the
+prompt's activations receive the sum over the group's samples, which is what backpropagation through ``n`` equal
+copies computes). The decoder processes ``G·P + G·n·R`` token positions instead of ``G·n·(P + R)``, about half at
+GRPO's usual prompt/response shapes. Every projection is one matmul over all of them, and each weight is read once
+forward and once backward: an earlier form ran a prompt pass, then a response pass over its KV cache, which read
+every weight twice, ran each matmul at fewer rows, and summed the two passes' weight gradients (the group rows made
+the default DAPO run's actor update 1.2x faster; docs/BENCHMARKS.md).
 
 Rows that are not whole groups of equal prompts take the padded forward (`groups_share_prompts` decides, on the
 host, per pass), and so do widths at which the padded forward would not attend eagerly (blockwise or cuDNN
@@ -32,8 +35,9 @@ import numpy as np
 from jaxrl_hf.models.attention import resolve_implementation
 from jaxrl_hf.models.config import DecoderConfig
 from jaxrl_hf.models.forward import lm_head_kernel, make_module
-from jaxrl_hf.models.llama import CausalLM, init_kv_cache, kv_head_repeats
+from jaxrl_hf.models.llama import CausalLM, kv_head_repeats
 from jaxrl_hf.models.logprobs import log_probs_and_entropy_from_hidden
+from jaxrl_hf.models.shared_prompt_attention import join_group_rows, repeat_per_sample, split_group_rows
 from jaxrl_hf.workers.losses import LogProbFn, whole_rows
 
 Array = jax.Array
@@ -62,13 +66,10 @@ def _first_of_group(x: Array, group: int) -> Array:
     return x.reshape(x.shape[0] // group, group, *x.shape[1:])[:, 0]
 
 
-def _repeat_per_sample(x: Array, group: int, axis: int = 0) -> Array:
-    """Each entry along ``axis`` ``group`` times in a row (a broadcast and a reshape: local on a batch-sharded axis)."""
-    x = jnp.expand_dims(x, axis + 1)
-    shape = list(x.shape)
-    shape[axis + 1] = group
-    x = jnp.broadcast_to(x, shape)
-    return x.reshape(*shape[:axis], shape[axis] * group, *shape[axis + 2:])
+def group_rows(x: Array, prompt_len: int, group: int) -> Array:
+    """Padded rows ``[G·n, P + R]`` (groups of ``n`` equal prompts) -> one row per group ``[G, P + n·R]``: the
+    prompt once, then each sample's response (`models.shared_prompt_attention`'s layout)."""
+    return join_group_rows(_first_of_group(x[:, :prompt_len], group), x[:, prompt_len:])
 
 
 def shared_prompt_log_probs(params: Any, config: DecoderConfig, input_ids: Array, attention_mask: Array,
@@ -81,18 +82,12 @@ def shared_prompt_log_probs(params: Any, config: DecoderConfig, input_ids: Array
     prompt_len = width - response_length
     if prompt_len < 1:
         raise ValueError(f"input_ids width {width} leaves no prompt before {response_length} response tokens")
-    module = make_module(config, mesh, rules)
-    variables = {"params": params}
-    prompt = [_first_of_group(x[:, :prompt_len], group) for x in (input_ids, attention_mask, position_ids)]
-    empty = init_kv_cache(config, rows // group, prompt_len)  # cache index 0: never read, only shapes new_kv
-    hidden_p, prompt_kv = module.apply(variables, prompt[0], prompt[2], prompt[1], empty, 0,
-                                       method=CausalLM.hidden_states_and_new_kv)
-    # the responses after a full cache of their prompt's P slots: scores [R, P + R], the padded forward's rows
-    cache = {name: _repeat_per_sample(kv, group, axis=1).swapaxes(2, 3) for name, kv in prompt_kv.items()}
-    hidden_r, _ = module.apply(variables, input_ids[:, prompt_len:], position_ids[:, prompt_len:], attention_mask,
-                               cache, prompt_len, method=CausalLM.hidden_states_and_new_kv)
-    last_prompt = _repeat_per_sample(hidden_p[:, -1:], group)
-    h = jnp.concatenate([last_prompt, hidden_r[:, :-1]], axis=1)
+    layout = (prompt_len, group, response_length)
+    module = make_module(config.replace(shared_prompt=layout, packed_rows=()), mesh, rules)
+    ids, mask, positions = (group_rows(x, prompt_len, group) for x in (input_ids, attention_mask, position_ids))
+    hidden, _ = module.apply({"params": params}, ids, positions, mask, method=CausalLM.hidden_states_and_new_kv)
+    hidden_p, hidden_r = split_group_rows(hidden, layout)
+    h = jnp.concatenate([repeat_per_sample(hidden_p[:, -1:], group), hidden_r[:, :-1]], axis=1)
     kernel = lm_head_kernel(params, config).astype(jnp.dtype(config.dtype))
     log_prob, entropy = log_probs_and_entropy_from_hidden(h, kernel, input_ids[:, prompt_len:], temperature,
                                                           chunk_size, with_entropy, config.final_logit_softcapping)

@@ -143,14 +143,18 @@ def make_train_step(loss_fn: LossFn, optim: OptimConfig, *, optimizer: optax.Gra
     ``metrics``: ``loss`` (exact mini-batch loss), ``grad_norm`` (before clipping), ``lr`` (used for this
     update), ``skipped``, and the averaged ``aux`` entries of ``loss_fn``. ``state_shardings`` (a
     ``TrainState`` of shardings) pins the output layout to the input layout so donation can reuse buffers.
-    ``fused``: `apply_update`'s.
+    ``fused``: `apply_update`'s; with ``fused.layers`` the loss is differentiated in ``fused.split`` form.
     """
     def step(state: TrainState, micro_batches: Mapping[str, jax.Array],
              schedule_step: Any = None, frozen: Any = None) -> tuple[TrainState, dict[str, jax.Array]]:
         denominators = denominator_fn(micro_batches) if denominator_fn is not None else None
         grad_shardings = state_shardings.params if state_shardings is not None else None
         fn = loss_fn if combine is None else (lambda p, micro, d: loss_fn(combine(p, frozen), micro, d))
-        loss, grads, aux = accumulate_gradients(fn, state.params, micro_batches, denominators, summed_aux,
+        differentiated = state.params
+        if fused is not None and fused.layers > 1:  # per-layer gradients (`FusedClipAdamW.split`; one device)
+            differentiated, grad_shardings = fused.split(state.params), None
+            fn = (lambda inner: lambda p, micro, d: inner(fused.join(p), micro, d))(fn)
+        loss, grads, aux = accumulate_gradients(fn, differentiated, micro_batches, denominators, summed_aux,
                                                 grad_shardings, live_fn)
         new_state, update_metrics = apply_update(state, grads, optimizer, optim, schedule_step, fused)
         return new_state, {"loss": loss, **update_metrics, **aux}

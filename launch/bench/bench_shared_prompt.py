@@ -1,16 +1,19 @@
 """The actor's policy forward + backward with each prompt computed once for its samples
-(``actor.share_prompt_forward``, `jaxrl_hf.workers.shared_prompt`) against the padded forward on the same rows.
+(``actor.share_prompt_forward``, `jaxrl_hf.workers.shared_prompt`: one row per group, ``[prompt | n responses]``)
+against the padded forward and against the earlier two-pass form (a prompt pass, then a response pass over its KV
+cache: every weight read twice and the two passes' weight gradients summed), on the same rows.
 
-    python launch/bench/bench_shared_prompt.py [--shapes 4x4x64x32,1x4x64x32,2x8x64x128] [--dtypes float32,bfloat16]
+    python launch/bench/bench_shared_prompt.py [--shapes 1x4x64x32,4x4x64x32,2x8x64x128] [--dtypes float32,bfloat16]
                                              [--repeats 3] [--json OUT]
 
 A shape ``GxNxPxR`` is ``G`` prompts x ``N`` samples, prompts left-padded to ``P`` columns, responses right-padded to
 ``R`` (lengths drawn per group / per sample, as a rollout lays them out). The model has SmolLM2-135M's dimensions
-(random weights, layers unrolled as ``configs/grpo.yaml`` and ``configs/dapo.yaml`` train them). Per shape and dtype:
-the jitted gradient of the token log-likelihood (the loss the actor's update differentiates), best of ``--repeats``
-calls after a compile call, for both forwards in one process, alternating; the ratio padded / shared (> 1: the
-shared forward is faster), the decoder token positions each computes, and the largest difference of the log-probs
-(checked: exit 1 beyond 2e-4 in float32, 5e-2 in bfloat16).
+(random weights, layers unrolled as ``configs/grpo.yaml`` and ``configs/dapo.yaml`` train them, the actor's
+training config: `models.pair_matmul.training_config`). Per shape and dtype: the jitted gradient of the token
+log-likelihood (the loss the actor's update differentiates), best of ``--repeats`` calls after a compile call, the
+three forms in one process, alternating, two rounds; the ratios padded / group rows and two-pass / group rows
+(> 1: the group rows are faster), the decoder token positions each computes, and the largest difference of the
+log-probs from the padded forward's (checked: exit 1 beyond 2e-4 in float32, 5e-2 in bfloat16).
 """
 
 from __future__ import annotations
@@ -62,39 +65,72 @@ def best_of(fn, params, repeats: int) -> float:
     return best
 
 
+def two_pass_log_probs(params, config, input_ids, attention_mask, position_ids, response_length: int, group: int):
+    """The earlier shared-prompt form (the baseline): the decoder over each group's prompt, then over the responses
+    with the prompt's keys/values as a KV cache of ``P`` slots; log-probs only."""
+    import jax.numpy as jnp
+
+    from jaxrl_hf.models.forward import lm_head_kernel, make_module
+    from jaxrl_hf.models.llama import CausalLM, init_kv_cache
+    from jaxrl_hf.models.logprobs import log_probs_and_entropy_from_hidden
+    from jaxrl_hf.models.shared_prompt_attention import repeat_per_sample
+
+    rows, width = input_ids.shape
+    prompt_len = width - response_length
+    module, variables = make_module(config), {"params": params}
+    first = lambda x: x[::group, :prompt_len]  # noqa: E731
+    hidden_p, kv = module.apply(variables, first(input_ids), first(position_ids), first(attention_mask),
+                                init_kv_cache(config, rows // group, prompt_len), 0,
+                                method=CausalLM.hidden_states_and_new_kv)
+    cache = {name: jnp.swapaxes(jnp.stack([repeat_per_sample(layer, group) for layer in x]), 2, 3)
+             for name, x in kv.items()}
+    hidden_r, _ = module.apply(variables, input_ids[:, prompt_len:], position_ids[:, prompt_len:], attention_mask,
+                               cache, prompt_len, method=CausalLM.hidden_states_and_new_kv)
+    h = jnp.concatenate([repeat_per_sample(hidden_p[:, -1:], group), hidden_r[:, :-1]], axis=1)
+    kernel = lm_head_kernel(params, config).astype(jnp.dtype(config.dtype))
+    return log_probs_and_entropy_from_hidden(h, kernel, input_ids[:, prompt_len:], 1.0, 128, True, None)
+
+
+FORMS = ("padded", "two_pass", "group_rows")
+
+
 def run_shape(shape: str, dtype: str, repeats: int) -> dict:
     import jax
     import jax.numpy as jnp
     import numpy as np
 
-    from jaxrl_hf.models import DecoderConfig, init_params
+    from jaxrl_hf.models import DecoderConfig, init_params, pair_matmul
     from jaxrl_hf.workers.losses import response_log_probs
     from jaxrl_hf.workers.shared_prompt import shared_prompt_log_probs
 
     groups, n, prompt, response = (int(x) for x in shape.split("x"))
     config = DecoderConfig(**SMOLLM2_135M, dtype=dtype, scan_layers=False)
     params = init_params(config.replace(dtype="float32"), 0)
+    config = pair_matmul.training_config(config, None)  # as the actor's update runs it
     ids, mask, positions, valid = grouped_rows(groups, n, prompt, response, config.vocab_size)
     args, weights = (jnp.asarray(ids), jnp.asarray(mask), jnp.asarray(positions)), jnp.asarray(valid)
     forwards = {"padded": lambda p: response_log_probs(p, config, *args, response),
-                "shared": lambda p: shared_prompt_log_probs(p, config, *args, response, n)}
+                "two_pass": lambda p: two_pass_log_probs(p, config, *args, response, n),
+                "group_rows": lambda p: shared_prompt_log_probs(p, config, *args, response, n)}
     grads = {k: jax.jit(jax.grad(lambda p, f=f: jnp.sum(f(p)[0] * weights))) for k, f in forwards.items()}
     logps = {k: np.asarray(jax.jit(lambda p, f=f: f(p)[0])(params)) for k, f in forwards.items()}
-    seconds: dict[str, list[float]] = {"padded": [], "shared": []}
+    seconds: dict[str, list[float]] = {k: [] for k in FORMS}
     for _ in range(2):
-        for name in ("padded", "shared"):
+        for name in FORMS:
             seconds[name].append(best_of(grads[name], params, repeats))
-    padded, shared = min(seconds["padded"]), min(seconds["shared"])
-    diff = float(np.abs((logps["padded"] - logps["shared"]) * valid).max())
-    return {"shape": shape, "dtype": dtype, "rows": groups * n, "padded_s": padded, "shared_s": shared,
-            "all_s": seconds, "speedup": padded / shared, "positions_padded": groups * n * (prompt + response),
+    best = {k: min(v) for k, v in seconds.items()}
+    diff = max(float(np.abs((logps["padded"] - logps[k]) * valid).max()) for k in FORMS[1:])
+    return {"shape": shape, "dtype": dtype, "rows": groups * n, "seconds": best, "all_s": seconds,
+            "padded_over_group_rows": best["padded"] / best["group_rows"],
+            "two_pass_over_group_rows": best["two_pass"] / best["group_rows"],
+            "positions_padded": groups * n * (prompt + response),
             "positions_shared": groups * prompt + groups * n * response, "max_logp_diff": diff,
             "within_tolerance": diff <= TOLERANCE[dtype]}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shapes", default="4x4x64x32,1x4x64x32,2x8x64x128")
+    parser.add_argument("--shapes", default="1x4x64x32,4x4x64x32,2x8x64x128")
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", default=None)
@@ -104,11 +140,14 @@ def main(argv: list[str] | None = None) -> int:
     rows = [run_shape(s, d, args.repeats) for d in args.dtypes.split(",") for s in args.shapes.split(",")]
     print(f"policy forward + backward, SmolLM2-135M dimensions (random weights), {jax.devices()[0].device_kind}, "
           f"{os.cpu_count()} CPUs, jax {jax.__version__}; best of {args.repeats}, two alternating rounds")
-    print("| G x n x P x R | dtype | positions padded / shared | padded s | shared s | padded / shared | max |Δ log p| |")
-    print("|---|---|---:|---:|---:|---:|---:|")
+    print("| G x n x P x R | dtype | positions padded / shared | padded s | two-pass s | group rows s | "
+          "padded / group rows | two-pass / group rows | max |Δ log p| |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['shape']} | {r['dtype']} | {r['positions_padded']} / {r['positions_shared']} | {r['padded_s']:.3f} | "
-              f"{r['shared_s']:.3f} | {r['speedup']:.2f}x | {r['max_logp_diff']:.1e} |")
+        t = r["seconds"]
+        print(f"| {r['shape']} | {r['dtype']} | {r['positions_padded']} / {r['positions_shared']} | {t['padded']:.3f} | "
+              f"{t['two_pass']:.3f} | {t['group_rows']:.3f} | {r['padded_over_group_rows']:.2f}x | "
+              f"{r['two_pass_over_group_rows']:.2f}x | {r['max_logp_diff']:.1e} |")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"device": jax.devices()[0].device_kind, "cpus": os.cpu_count(), "jax": jax.__version__,

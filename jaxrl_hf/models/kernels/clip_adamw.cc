@@ -78,31 +78,50 @@ struct Work : jaxrl_hf::SharedItems<Work> {  // an item: one chunk of one leaf
   }
 };
 
-// Operands: hyper f32[10] (the Hyper order), then the L gradients, L params, L first and L second moments;
-// results: the L params, first and second moments, each aliased to its operand (updated in place).
+// Operands: hyper f32[10] (the Hyper order), then the G gradients, L params, L first and L second moments;
+// results: the L params, first and second moments, each aliased to its operand (updated in place). Attribute
+// ``pieces`` (L counts summing to G): leaf i's gradient is the next pieces[i] gradient operands, each covering the
+// next elements of the leaf in order (a stacked [layers, ...] leaf takes its layers' gradients as they were made,
+// with no concatenation into one buffer first).
 ffi::Error ClipAdamWImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> hyper, ffi::RemainingArgs args,
-                         ffi::RemainingRets rets) {
+                         ffi::RemainingRets rets, ffi::Span<const int64_t> pieces) {
   if (hyper.element_count() != kHyperSize)
     return ffi::Error::InvalidArgument("clip_adamw expects 10 hyperparameters");
-  if (args.size() % 4 != 0 || rets.size() * 4 != args.size() * 3)
-    return ffi::Error::InvalidArgument("clip_adamw expects 4 L operands (g, p, m, v) and 3 L results (p, m, v)");
-  const int64_t count = static_cast<int64_t>(args.size() / 4);
+  const int64_t count = static_cast<int64_t>(pieces.size());
+  int64_t grads = 0;
+  for (int64_t n : pieces) {
+    if (n < 1) return ffi::Error::InvalidArgument("clip_adamw: every leaf needs at least one gradient piece");
+    grads += n;
+  }
+  if (static_cast<int64_t>(args.size()) != grads + 3 * count || static_cast<int64_t>(rets.size()) != 3 * count)
+    return ffi::Error::InvalidArgument("clip_adamw expects G gradient pieces, L params, L first and L second "
+                                       "moments (L = len(pieces), G = sum(pieces)) and 3 L results (p, m, v)");
   auto work = std::make_shared<Work>();
   std::copy_n(hyper.typed_data(), kHyperSize, work->h);
+  int64_t next_grad = 0;
   for (int64_t i = 0; i < count; ++i) {  // a result is its operand's buffer (XLA copies first where it must)
-    auto g = args.get<ffi::Buffer<ffi::F32>>(i);
     auto p = rets.get<ffi::Buffer<ffi::F32>>(i);
     auto m = rets.get<ffi::Buffer<ffi::F32>>(count + i);
     auto v = rets.get<ffi::Buffer<ffi::F32>>(2 * count + i);
-    if (g.has_error() || p.has_error() || m.has_error() || v.has_error())
+    if (p.has_error() || m.has_error() || v.has_error())
       return ffi::Error::InvalidArgument("clip_adamw: every operand and result must be float32");
-    const int64_t size = static_cast<int64_t>(g->element_count());
-    if (static_cast<int64_t>((*p)->element_count()) != size || static_cast<int64_t>((*m)->element_count()) != size ||
-        static_cast<int64_t>((*v)->element_count()) != size)
-      return ffi::Error::InvalidArgument("clip_adamw: a leaf's gradient, parameter and moments differ in size");
-    work->first_item.push_back(work->items);
-    work->leaves.push_back({g->typed_data(), (*p)->typed_data(), (*m)->typed_data(), (*v)->typed_data(), size});
-    work->items += (size + kChunk - 1) / kChunk;
+    const int64_t size = static_cast<int64_t>((*p)->element_count());
+    if (static_cast<int64_t>((*m)->element_count()) != size || static_cast<int64_t>((*v)->element_count()) != size)
+      return ffi::Error::InvalidArgument("clip_adamw: a leaf's parameter and moments differ in size");
+    int64_t offset = 0;
+    for (int64_t j = 0; j < pieces[i]; ++j, ++next_grad) {
+      auto g = args.get<ffi::Buffer<ffi::F32>>(next_grad);
+      if (g.has_error()) return ffi::Error::InvalidArgument("clip_adamw: every gradient must be float32");
+      const int64_t piece = static_cast<int64_t>(g->element_count());
+      if (offset + piece > size) break;
+      work->first_item.push_back(work->items);
+      work->leaves.push_back({g->typed_data(), (*p)->typed_data() + offset, (*m)->typed_data() + offset,
+                              (*v)->typed_data() + offset, piece});
+      work->items += (piece + kChunk - 1) / kChunk;
+      offset += piece;
+    }
+    if (offset != size)
+      return ffi::Error::InvalidArgument("clip_adamw: a leaf's gradient pieces do not add up to its size");
   }
   work->first_item.push_back(work->items);
   jaxrl_hf::RunShared(pool, work, jaxrl_hf::Helpers(pool, work->items));
@@ -116,4 +135,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxrlHfClipAdamW, ClipAdamWImpl,
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .RemainingArgs()
-                                  .RemainingRets());
+                                  .RemainingRets()
+                                  .Attr<ffi::Span<const int64_t>>("pieces"));

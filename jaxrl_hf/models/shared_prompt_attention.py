@@ -1,0 +1,70 @@
+"""Attention over rows that each hold one prompt and its ``n`` sampled responses (``DecoderConfig.shared_prompt``).
+
+GRPO-style rollouts sample ``n`` responses per prompt. The actor's shared-prompt forward (`jaxrl_hf.workers.
+shared_prompt`) lays each group out as one row of ``P + n·R`` tokens:
+
+    [ prompt (P, left-padded) | response 1 (R, right-padded) | ... | response n (R) ]
+
+with the rollout's position ids, so the response tokens of every sample continue the prompt's positions. The
+decoder's projections, norms and MLP see the row as ordinary tokens: one matmul per projection over every token
+of the micro-batch, each weight read once (in its backward too: one weight gradient, no sum over passes).
+Attention is the only place the layout matters. `shared_prompt_attention` computes
+
+    prompt tokens:     causal self-attention over the prompt (the configured implementation)
+    response tokens:   one softmax over [the prompt's keys] ++ [their own response's keys, causally]
+
+which is, key for key, what the padded ``[n, P + R]`` forward attends to (the prompt's keys are the same for
+every sample), so hidden states equal the padded forward's at the same positions up to float summation order.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax.numpy as jnp
+
+from jaxrl_hf.models.attention import cached_attention
+
+Array = jnp.ndarray
+
+
+def check_layout(layout: tuple[int, ...], length: int) -> tuple[int, int, int]:
+    """``(P, n, R)`` of ``layout`` (``DecoderConfig.shared_prompt``), checked against the row ``length``."""
+    prompt, samples, response = layout
+    if prompt + samples * response != length:
+        raise ValueError(f"shared-prompt rows of {length} tokens do not hold a prompt of {prompt} and {samples} "
+                         f"responses of {response} tokens ({prompt + samples * response})")
+    return prompt, samples, response
+
+
+def split_group_rows(x: Array, layout: tuple[int, ...]) -> tuple[Array, Array]:
+    """``x [G, P + n·R, ...]`` -> ``(prompts [G, P, ...], responses [G·n, R, ...])``."""
+    prompt, samples, response = check_layout(layout, x.shape[1])
+    return x[:, :prompt], x[:, prompt:].reshape(x.shape[0] * samples, response, *x.shape[2:])
+
+
+def join_group_rows(prompts: Array, responses: Array) -> Array:
+    """`split_group_rows` inverted: ``[G, P, ...]`` and ``[G·n, R, ...]`` -> ``[G, P + n·R, ...]``."""
+    groups = prompts.shape[0]
+    return jnp.concatenate([prompts, responses.reshape(groups, -1, *responses.shape[2:])], axis=1)
+
+
+def repeat_per_sample(x: Array, samples: int) -> Array:
+    """``x [G, ...]`` -> ``[G·n, ...]``, each entry ``n`` times in a row (a broadcast and a reshape)."""
+    return jnp.broadcast_to(x[:, None], (x.shape[0], samples, *x.shape[1:])).reshape(-1, *x.shape[1:])
+
+
+def shared_prompt_attention(q: Array, k: Array, v: Array, segments: Array, layout: tuple[int, ...],
+                            attend: Callable[[Array, Array, Array, Array], Array], scale: float,
+                            window: Any = None, softcap: float | None = None) -> Array:
+    """Attention of the module docstring. ``q [G, P + n·R, kv_heads, groups, head_dim]``, ``k, v [G, P + n·R,
+    kv_heads, head_dim]``, ``segments [G, P + n·R]`` (0 = padding, else 1), ``layout = (P, n, R)``; ``attend(q, k,
+    v, segments)``: the configured self-attention for the prompts. Returns the output in ``q``'s layout."""
+    prompt, samples, _ = check_layout(layout, q.shape[1])
+    (q_p, q_r), (k_p, k_r), (v_p, v_r), (seg_p, seg_r) = (split_group_rows(x, layout) for x in (q, k, v, segments))
+    out_p = attend(q_p, k_p, v_p, seg_p)
+    # each response after its prompt's P keys, as a KV cache of P slots: {"k", "v"}: [G·n, kv_heads, P, head_dim]
+    cache = {name: repeat_per_sample(x, samples).swapaxes(1, 2) for name, x in (("k", k_p), ("v", v_p))}
+    row_mask = jnp.concatenate([repeat_per_sample(seg_p, samples), seg_r], axis=1)  # the padded rows' masks
+    out_r = cached_attention(q_r, k_r, v_r, cache, row_mask, prompt, scale, window, softcap)
+    return join_group_rows(out_p, out_r)
