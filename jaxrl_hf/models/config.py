@@ -52,7 +52,10 @@ class DecoderConfig:
     time (`jaxrl_hf.models.packed_attention.per_row_attention`); set per program by the packed forward passes.
     ``shared_prompt = (P, n, R)``: each input row is one prompt of ``P`` tokens followed by ``n`` responses of ``R``
     tokens, every response attending to the prompt and causally to itself
-    (`jaxrl_hf.models.shared_prompt_attention`); set by the actor's shared-prompt forward.
+    (`jaxrl_hf.models.shared_prompt_attention`); set by the actor's shared-prompt forward. ``shared_prefix``: each
+    row packs one prompt (segment 1) and its samples (segments 2, 3, ...) without padding, a token seeing its own
+    segment causally and all of segment 1 before it (`shared_prompt_attention.shared_prefix_attention`); set by the
+    actor's packed shared-prompt forward.
     ``cpu_kernels`` (float32 only; set by the CPU generation program, `layer_unrolled.cpu_kernel_module`): every
     projection kernel holds its ``[fan_in, fan_out]`` matrix in panel order, applied by `models.panel_matmul`, and
     attention over a stored cache runs in `models.cpu_kernels.cache_attention`. ``pair_kernels`` (bfloat16 only;
@@ -94,6 +97,7 @@ class DecoderConfig:
     scan_layers: bool = True
     packed_rows: tuple[int, ...] = ()
     shared_prompt: tuple[int, ...] = ()
+    shared_prefix: bool = False
     cpu_kernels: bool = False
     pair_kernels: bool = False
 
@@ -140,6 +144,9 @@ class DecoderConfig:
                              "samples, response length), three positive ints")
         if self.shared_prompt and self.packed_rows:
             raise ValueError("DecoderConfig.shared_prompt and packed_rows are two layouts of a row; set one")
+        if self.shared_prefix and (self.shared_prompt or self.packed_rows):
+            raise ValueError("DecoderConfig.shared_prefix is a layout of a row, as shared_prompt and packed_rows are; "
+                             "set one")
         if self.cpu_kernels and self.dtype != "float32":
             raise ValueError(f"DecoderConfig.cpu_kernels needs dtype float32, got {self.dtype!r}")
         if self.pair_kernels and self.dtype != "bfloat16":

@@ -58,7 +58,7 @@ from jaxrl_hf.models.matmul import matmul_f32_accumulate
 from jaxrl_hf.models.packed_attention import per_row_attention
 from jaxrl_hf.models.panel_matmul import panel_matmul
 from jaxrl_hf.models.rope import apply_rope, rope_frequencies
-from jaxrl_hf.models.shared_prompt_attention import shared_prompt_attention
+from jaxrl_hf.models.shared_prompt_attention import shared_prefix_attention, shared_prompt_attention
 
 Array = jnp.ndarray
 KVCache = dict[str, Array]
@@ -253,6 +253,9 @@ class Attention(nn.Module):
                                        window=window, softcap=c.attn_logit_softcapping)
             if c.shared_prompt:  # a prompt and its responses in each row
                 out = shared_prompt_attention(qg, kk, v, segments, c.shared_prompt, attend, c.attention_scale, window,
+                                              c.attn_logit_softcapping)
+            elif c.shared_prefix:  # a prompt and its samples packed in each row
+                out = shared_prefix_attention(qg, kk, v, segments, positions, c.attention_scale, window,
                                               c.attn_logit_softcapping)
             elif c.packed_rows:  # packed sequences: attention one row at a time
                 out = per_row_attention(qg, kk, v, segments, *c.packed_rows, attend)

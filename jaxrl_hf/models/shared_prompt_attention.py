@@ -15,15 +15,23 @@ Attention is the only place the layout matters. `shared_prompt_attention` comput
 
 which is, key for key, what the padded ``[n, P + R]`` forward attends to (the prompt's keys are the same for
 every sample), so hidden states equal the padded forward's at the same positions up to float summation order.
+
+Without padding (``DecoderConfig.shared_prefix``, `jaxrl_hf.workers.group_packing`) a row holds only real tokens:
+
+    [ prompt's tokens (segment 1) | sample 1's tokens (segment 2) | ... | sample n's (segment n + 1) | padding (0) ]
+
+and `shared_prefix_attention` lets each token see the earlier tokens of its own segment and all of segment 1:
+the same keys again, now at ``p + Σ r_i`` positions instead of ``P + n·R``.
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable
 
+import jax
 import jax.numpy as jnp
 
-from jaxrl_hf.models.attention import cached_attention
+from jaxrl_hf.models.attention import NEG_INF, cached_attention, soft_cap
 
 Array = jnp.ndarray
 
@@ -68,3 +76,26 @@ def shared_prompt_attention(q: Array, k: Array, v: Array, segments: Array, layou
     row_mask = jnp.concatenate([repeat_per_sample(seg_p, samples), seg_r], axis=1)  # the padded rows' masks
     out_r = cached_attention(q_r, k_r, v_r, cache, row_mask, prompt, scale, window, softcap)
     return join_group_rows(out_p, out_r)
+
+
+def shared_prefix_mask(segments: Array, positions: Array, window: Any = None) -> Array:
+    """``[B, T, T]`` bool for rows packed as in the module docstring: query ``i`` sees key ``j`` iff ``j <= i``,
+    ``segments[j] != 0``, ``segments[j]`` is ``segments[i]`` or ``1`` (the prompt) and, for a sliding ``window``
+    ``w > 0``, ``positions[j] > positions[i] - w`` (by position: packing moved the tokens, not their distances)."""
+    idx = jnp.arange(segments.shape[1])
+    q_seg, kv_seg = segments[:, :, None], segments[:, None, :]
+    seen = (idx[None, :] <= idx[:, None])[None] & (kv_seg != 0) & ((kv_seg == q_seg) | ((kv_seg == 1) & (q_seg != 0)))
+    if window is not None:
+        seen = seen & ((window <= 0) | (positions[:, None, :] > positions[:, :, None] - window))
+    return seen
+
+
+def shared_prefix_attention(q: Array, k: Array, v: Array, segments: Array, positions: Array, scale: float,
+                            window: Any = None, softcap: float | None = None) -> Array:
+    """Eager attention (Vaswani et al. 2017, eq. 1) under `shared_prefix_mask`: ``softmax(where(mask,
+    soft_cap(q kᵀ · scale), -inf)) v`` with ``q [B, T, kv_heads, groups, head_dim]``, ``k, v [B, T, kv_heads,
+    head_dim]``, ``segments`` / ``positions [B, T]``. A padding query gets the mean of ``v`` (no key seen)."""
+    mask = shared_prefix_mask(segments, positions, window)[:, None, None]
+    scores = soft_cap(jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) * scale, softcap)
+    probs = jax.nn.softmax(jnp.where(mask, scores, NEG_INF), axis=-1).astype(q.dtype)
+    return jnp.einsum("bkgts,bskd->btkgd", probs, v)

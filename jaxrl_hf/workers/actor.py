@@ -57,6 +57,7 @@ from jaxrl_hf.workers.common import (LoadedModel, WorkerConfigError, check_seque
                                      lm_param_shardings, load_model, pad_sequences_to,
                                      reference_params, to_global, train_parallel, train_rule_set, worker_run_config)
 from jaxrl_hf.workers.generation_layout import GenerationLayout, generation_parallel
+from jaxrl_hf.workers.group_packing import pack_micro_stack, token_counts as group_token_counts
 from jaxrl_hf.workers.lora_policy import LoraPolicy
 from jaxrl_hf.workers.losses import lm_log_prob_fn
 from jaxrl_hf.workers.minibatch import MiniBatchPlan, iterate_minibatches, mean_metrics
@@ -145,7 +146,7 @@ class ActorRolloutRefWorker(Worker):
         self.packed_log_prob_fn = packed_log_prob_fn(train_config, self.mesh, self.rule_set.activations)
         self.shared_prompt = SharedPromptForward(train_config, self.config.actor.share_prompt_forward,
                                                  self.config.rollout.n, self.train.sp, self.mesh,
-                                                 self.rule_set.activations)
+                                                 self.rule_set.activations, self.config.model.use_remove_padding)
         if self.has_ref:
             self.ref_params = reference_params(params, config.dtype)
         self.lora = LoraPolicy.from_config(self.config.model, config, params, shardings, self.mesh,
@@ -164,7 +165,7 @@ class ActorRolloutRefWorker(Worker):
             program = build(self._forward_fn(update))
             self.loss_cfg, self.optim = program.loss_cfg, program.optim
             self._train_steps = {False: program.step}  # keyed by "the prompts are shared" (jitted lazily)
-            if self.shared_prompt.log_prob_fn is not None and not update.active:
+            if self.shared_prompt.log_prob_fn is not None and not update.dynamic:
                 self._train_steps[True] = build(self.shared_prompt.log_prob_fn).step
             self.state = jax.jit(lambda p: init_train_state(p, program.optimizer),
                                  out_shardings=program.state_shardings)(params)
@@ -313,10 +314,12 @@ class ActorRolloutRefWorker(Worker):
                 raise KeyError(f"log-prob computation: Batch has no {key!r}; columns: {batch.keys()}")
         arrays = pad_sequences_to({k: batch[k] for k in (*LOG_PROB_INPUTS, "response_mask") if k in batch},
                                   self.train.sp)
-        shared = not batching.active and self.shared_prompt.applies(arrays, batching.rows_per_device)
+        shared = not batching.dynamic and self.shared_prompt.applies(arrays, batching.rows_per_device)
         program = functools.partial(log_probs_program, log_prob_fn=self.shared_prompt.log_prob_fn if shared
                                     else self._forward_fn(batching))
-        logp, ent = batching.apply(program, params, arrays, self.mesh, self.dp_processes, jnp.float32(temperature))
+        run = functools.partial(self.shared_prompt.apply, rows_per_device=batching.rows_per_device) if shared \
+            else batching.apply
+        logp, ent = run(program, params, arrays, self.mesh, self.dp_processes, jnp.float32(temperature))
         if "response_mask" in batch:
             valid = np.asarray(batch["response_mask"]) != 0
             logp, ent = logp * valid, ent * valid
@@ -385,14 +388,19 @@ class ActorRolloutRefWorker(Worker):
         update = self.batching["update"]
         shared = (True in self._train_steps and not plan.shuffle
                   and self.shared_prompt.applies(arrays, plan.micro_rows // (self.dp_devices // self.dp_processes)))
+        packed = shared and self.shared_prompt.packs(arrays)
         for micro in iterate_minibatches(arrays, plan, seed):
-            micro = update.update_micro_batches(micro, self.dp_devices // self.dp_processes)  # by tokens/packed
+            if packed:  # one packed row per group (group_packing)
+                micro = pack_micro_stack(micro, np.shape(arrays["responses"])[1], self.shared_prompt.group)
+                update.count_tokens(*group_token_counts(micro))
+            elif not shared:
+                micro = update.update_micro_batches(micro, self.dp_devices // self.dp_processes)  # by tokens/packed
             placed = {k: to_global(v, self.mesh, self.dp_processes, micro_axis=True) for k, v in micro.items()}
             self.state, metrics = self._train_steps[shared](self.state, placed, lr_step,
                                                             *(() if self.lora is None else (self.lora.base,)))
             collected.append(metrics)
         metrics = {**mean_metrics(collected, prefix="actor/", last=("lr",)), **update.padding_metrics("actor/"),
-                   "actor/shared_prompt_forward": float(shared)}
+                   "actor/shared_prompt_forward": float(shared), "actor/packed_group_rows": float(packed)}
         if self.layout is None:
             start = time.perf_counter()
             self.engine.set_params(self.policy_params())  # vLLM: the in-place weight sync

@@ -248,16 +248,19 @@ def pad_rows_to(arrays: Mapping[str, np.ndarray], multiple: int) -> tuple[dict[s
 
 
 def chunked_apply(program: Any, params: Any, arrays: Mapping[str, np.ndarray], chunk: int,
-                  mesh: jax.sharding.Mesh, dp_processes: int, *extra: Any) -> tuple[np.ndarray, ...]:
+                  mesh: jax.sharding.Mesh, dp_processes: int, *extra: Any,
+                  prepare: Any = None) -> tuple[np.ndarray, ...]:
     """Run ``program(params, micro, *extra) -> array or tuple of [rows, ...] arrays`` over this process's rows in
-    chunks of ``chunk`` rows (the last padded with copies of row 0), returning this process's output rows."""
+    chunks of ``chunk`` rows (the last padded with copies of row 0; ``prepare(chunk) -> arrays``, if given, lays
+    each chunk out first), returning this process's output rows."""
     arrays, added = pad_rows_to({k: np.asarray(v) for k, v in arrays.items()}, chunk)
     rows = len(next(iter(arrays.values())))
     pieces: list[tuple[np.ndarray, ...]] = []
     from jaxrl_hf.controller import process_local_rows
 
     for start in range(0, rows, chunk):
-        micro = {k: to_global(v[start:start + chunk], mesh, dp_processes) for k, v in arrays.items()}
+        piece = {k: v[start:start + chunk] for k, v in arrays.items()}
+        micro = {k: to_global(v, mesh, dp_processes) for k, v in (prepare(piece) if prepare else piece).items()}
         out = program(params, micro, *extra)
         out = out if isinstance(out, tuple) else (out,)
         pieces.append(tuple(process_local_rows(o) for o in out))

@@ -38,6 +38,8 @@ from jaxrl_hf.models.forward import lm_head_kernel, make_module
 from jaxrl_hf.models.llama import CausalLM, kv_head_repeats
 from jaxrl_hf.models.logprobs import log_probs_and_entropy_from_hidden
 from jaxrl_hf.models.shared_prompt_attention import join_group_rows, repeat_per_sample, split_group_rows
+from jaxrl_hf.workers import group_packing
+from jaxrl_hf.workers.common import chunked_apply
 from jaxrl_hf.workers.losses import LogProbFn, whole_rows
 
 Array = jax.Array
@@ -94,11 +96,33 @@ def shared_prompt_log_probs(params: Any, config: DecoderConfig, input_ids: Array
     return whole_rows(log_prob, mesh, rules), whole_rows(entropy, mesh, rules)
 
 
+def packed_group_log_probs(params: Any, config: DecoderConfig, micro: Mapping[str, Array], group: int,
+                           temperature: float = 1.0, with_entropy: bool = True, chunk_size: int = 128,
+                           mesh: Any = None, rules: Any = None) -> tuple[Array, Array]:
+    """`shared_prompt_log_probs` over packed group rows (`jaxrl_hf.workers.group_packing`: ``group_*`` arrays and
+    ``responses [G·n, R]``): the decoder over ``[G, T]`` real tokens under `shared_prefix_attention`'s mask, then
+    the LM head on the hidden state ``group_logit_index`` names for each response column."""
+    targets = micro["responses"]
+    module = make_module(config.replace(shared_prompt=(), packed_rows=(), shared_prefix=True), mesh, rules)
+    hidden, _ = module.apply({"params": params}, micro["group_input_ids"], micro["group_position_ids"],
+                             micro["group_segments"], method=CausalLM.hidden_states_and_new_kv)
+    h = jnp.take_along_axis(hidden, micro["group_logit_index"][..., None], axis=1)  # [G, n·R, E], per group
+    h = h.reshape(targets.shape[0], targets.shape[1], h.shape[-1])
+    kernel = lm_head_kernel(params, config).astype(jnp.dtype(config.dtype))
+    log_prob, entropy = log_probs_and_entropy_from_hidden(h, kernel, targets, temperature, chunk_size, with_entropy,
+                                                          config.final_logit_softcapping)
+    return whole_rows(log_prob, mesh, rules), whole_rows(entropy, mesh, rules)
+
+
 def shared_prompt_log_prob_fn(model_config: DecoderConfig, group: int, mesh: Any = None, rules: Any = None,
                               chunk_size: int = 128) -> LogProbFn:
     """``fn(params, micro, temperature) -> (log_prob, entropy)`` of `shared_prompt_log_probs` on a rollout
-    micro-batch whose rows come in groups of ``group`` equal prompts (the caller checks: `groups_share_prompts`)."""
+    micro-batch whose rows come in groups of ``group`` equal prompts (the caller checks: `groups_share_prompts`),
+    or of `packed_group_log_probs` where the micro-batch holds packed group rows (``group_segments``)."""
     def fn(params: Any, micro: Mapping[str, Array], temperature: float) -> tuple[Array, Array]:
+        if "group_segments" in micro:
+            return packed_group_log_probs(params, model_config, micro, group, temperature, with_entropy=True,
+                                          chunk_size=chunk_size, mesh=mesh, rules=rules)
         return shared_prompt_log_probs(params, model_config, micro["input_ids"], micro["attention_mask"],
                                        micro["position_ids"], micro["responses"].shape[1], group, temperature,
                                        with_entropy=True, chunk_size=chunk_size, mesh=mesh, rules=rules)
@@ -108,24 +132,49 @@ def shared_prompt_log_prob_fn(model_config: DecoderConfig, group: int, mesh: Any
 class SharedPromptForward:
     """The actor worker's choice between the padded forward and `shared_prompt_log_prob_fn`: the shared one
     exists when ``actor.share_prompt_forward`` is on, ``rollout.n`` > 1, no sequence parallelism and no kv-head
-    repeats (its attention reads a KV cache); a pass takes it when its rows pass `groups_share_prompts`."""
+    repeats (its attention reads a KV cache); a pass takes it when its rows pass `groups_share_prompts`. With
+    ``packed`` (``model.use_remove_padding``) its group rows drop their padding (`jaxrl_hf.workers.group_packing`)
+    wherever the rows allow (`group_packing.packable`) and the packed rows' attention is eager too."""
 
     def __init__(self, model_config: DecoderConfig, enabled: bool, group: int, sequence_parallel: int,
-                 mesh: Any = None, rules: Any = None) -> None:
-        self.group, self.model_config = int(group), model_config
+                 mesh: Any = None, rules: Any = None, packed: bool = False) -> None:
+        self.group, self.model_config, self.packed = int(group), model_config, bool(packed)
         usable = (enabled and self.group > 1 and sequence_parallel == 1
                   and kv_head_repeats(model_config.num_key_value_heads, mesh, rules) == 1)
         self.log_prob_fn = shared_prompt_log_prob_fn(model_config, self.group, mesh, rules) if usable else None
+
+    def _eager(self, width: int) -> bool:
+        c = self.model_config
+        return resolve_implementation(c.attn_implementation, width, jnp.dtype(c.dtype), c.head_dim,
+                                      c.layer_windows is not None, bool(c.attn_logit_softcapping)) == "eager"
 
     def applies(self, arrays: Mapping[str, np.ndarray], rows_per_device: int) -> bool:
         """Whether a padded pass over ``arrays`` (``input_ids``, ``attention_mask``, ``responses``) in chunks of
         ``rows_per_device`` rows per device can share its prompts: grouped rows, and a width at which the padded
         forward's attention is eager too (the response pass's ``[R, P + R]`` scores are then a part of its
         ``[T, T]`` ones; a blockwise or cuDNN padded pass keeps its kernel)."""
-        width = np.shape(arrays["input_ids"])[1]
-        c = self.model_config
-        eager = resolve_implementation(c.attn_implementation, width, jnp.dtype(c.dtype), c.head_dim,
-                                       c.layer_windows is not None, bool(c.attn_logit_softcapping)) == "eager"
-        return self.log_prob_fn is not None and eager and groups_share_prompts(
+        return self.log_prob_fn is not None and self._eager(np.shape(arrays["input_ids"])[1]) and groups_share_prompts(
             arrays["input_ids"], arrays["attention_mask"], np.shape(arrays["responses"])[1], self.group,
             int(rows_per_device), arrays.get("position_ids"))
+
+    def packs(self, arrays: Mapping[str, np.ndarray]) -> bool:
+        """Whether rows that `applies` to go as packed group rows: ``packed``, `group_packing.packable` rows, and
+        an eager width for the longest packed group row."""
+        response = np.shape(arrays["responses"])[1]
+        return (self.packed and group_packing.packable(arrays["attention_mask"], response)
+                and self._eager(group_packing.group_row_length(arrays["attention_mask"], response, self.group)))
+
+    def pack(self, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """One chunk of rows (``[rows, ...]``) as packed group rows at its own length."""
+        response = np.shape(arrays["responses"])[1]
+        length = group_packing.group_row_length(arrays["attention_mask"], response, self.group)
+        return group_packing.pack_group_rows(arrays, response, self.group, length)
+
+    def apply(self, program: Any, params: Any, arrays: Mapping[str, np.ndarray], mesh: Any, dp_processes: int,
+              *extra: Any, rows_per_device: int) -> tuple[np.ndarray, ...]:
+        """``program(params, micro, *extra)`` over rows that `applies` to, in chunks of ``rows_per_device`` rows per
+        device (`workers.common.chunked_apply`: whole groups in every chunk), each chunk packed where `packs`."""
+        inputs = {k: v for k, v in arrays.items() if k != "response_mask"}
+        chunk = int(rows_per_device) * (int(mesh.shape["dp"]) // dp_processes)
+        return chunked_apply(program, params, inputs, chunk, mesh, dp_processes, *extra,
+                             prepare=self.pack if self.packs(arrays) else None)

@@ -136,6 +136,10 @@ class MicroBatching:
         self.valid_tokens, self.computed_tokens = self.valid_tokens + valid, self.computed_tokens + computed
         return micro
 
+    def count_tokens(self, valid: int, computed: int) -> None:
+        """Count an update micro-batch stack laid out elsewhere (packed group rows) in `padding_metrics`."""
+        self.valid_tokens, self.computed_tokens = self.valid_tokens + valid, self.computed_tokens + computed
+
     def padding_metrics(self, prefix: str) -> dict[str, float]:
         """``{prefix}padding_ratio``: the share of computed token slots (``[D, L]`` per live packed micro-batch,
         ``[D·r, T]`` padded) holding no row's token, since the last call; resets the counts ({} if not ``active``)."""

@@ -1,7 +1,8 @@
 """The actor's policy forward + backward with each prompt computed once for its samples
-(``actor.share_prompt_forward``, `jaxrl_hf.workers.shared_prompt`: one row per group, ``[prompt | n responses]``)
-against the padded forward and against the earlier two-pass form (a prompt pass, then a response pass over its KV
-cache: every weight read twice and the two passes' weight gradients summed), on the same rows.
+(``actor.share_prompt_forward``, `jaxrl_hf.workers.shared_prompt`: one row per group, ``[prompt | n responses]``,
+and the same without its padding, ``model.use_remove_padding``: `jaxrl_hf.workers.group_packing`) against the
+padded forward and against the earlier two-pass form (a prompt pass, then a response pass over its KV cache: every
+weight read twice and the two passes' weight gradients summed), on the same rows.
 
     python launch/bench/bench_shared_prompt.py [--shapes 1x4x64x32,4x4x64x32,2x8x64x128] [--dtypes float32,bfloat16]
                                              [--repeats 3] [--json OUT]
@@ -11,8 +12,8 @@ A shape ``GxNxPxR`` is ``G`` prompts x ``N`` samples, prompts left-padded to ``P
 (random weights, layers unrolled as ``configs/grpo.yaml`` and ``configs/dapo.yaml`` train them, the actor's
 training config: `models.pair_matmul.training_config`). Per shape and dtype: the jitted gradient of the token
 log-likelihood (the loss the actor's update differentiates), best of ``--repeats`` calls after a compile call, the
-three forms in one process, alternating, two rounds; the ratios padded / group rows and two-pass / group rows
-(> 1: the group rows are faster), the decoder token positions each computes, and the largest difference of the
+four forms in one process, alternating, two rounds; the ratios padded / group rows, two-pass / group rows and
+group rows / packed group rows (> 1: the latter is faster), the decoder token positions each computes, and the largest difference of the
 log-probs from the padded forward's (checked: exit 1 beyond 2e-4 in float32, 5e-2 in bfloat16).
 """
 
@@ -91,7 +92,7 @@ def two_pass_log_probs(params, config, input_ids, attention_mask, position_ids, 
     return log_probs_and_entropy_from_hidden(h, kernel, input_ids[:, prompt_len:], 1.0, 128, True, None)
 
 
-FORMS = ("padded", "two_pass", "group_rows")
+FORMS = ("padded", "two_pass", "group_rows", "packed_rows")
 
 
 def run_shape(shape: str, dtype: str, repeats: int) -> dict:
@@ -101,7 +102,8 @@ def run_shape(shape: str, dtype: str, repeats: int) -> dict:
 
     from jaxrl_hf.models import DecoderConfig, init_params, pair_matmul
     from jaxrl_hf.workers.losses import response_log_probs
-    from jaxrl_hf.workers.shared_prompt import shared_prompt_log_probs
+    from jaxrl_hf.workers import group_packing
+    from jaxrl_hf.workers.shared_prompt import packed_group_log_probs, shared_prompt_log_probs
 
     groups, n, prompt, response = (int(x) for x in shape.split("x"))
     config = DecoderConfig(**SMOLLM2_135M, dtype=dtype, scan_layers=False)
@@ -109,9 +111,14 @@ def run_shape(shape: str, dtype: str, repeats: int) -> dict:
     config = pair_matmul.training_config(config, None)  # as the actor's update runs it
     ids, mask, positions, valid = grouped_rows(groups, n, prompt, response, config.vocab_size)
     args, weights = (jnp.asarray(ids), jnp.asarray(mask), jnp.asarray(positions)), jnp.asarray(valid)
+    length = group_packing.group_row_length(mask, response, n)
+    micro = {k: jnp.asarray(v) for k, v in group_packing.pack_group_rows(
+        {"input_ids": ids, "attention_mask": mask, "position_ids": positions, "responses": ids[:, prompt:]},
+        response, n, length).items()}
     forwards = {"padded": lambda p: response_log_probs(p, config, *args, response),
                 "two_pass": lambda p: two_pass_log_probs(p, config, *args, response, n),
-                "group_rows": lambda p: shared_prompt_log_probs(p, config, *args, response, n)}
+                "group_rows": lambda p: shared_prompt_log_probs(p, config, *args, response, n),
+                "packed_rows": lambda p: packed_group_log_probs(p, config, micro, n)}
     grads = {k: jax.jit(jax.grad(lambda p, f=f: jnp.sum(f(p)[0] * weights))) for k, f in forwards.items()}
     logps = {k: np.asarray(jax.jit(lambda p, f=f: f(p)[0])(params)) for k, f in forwards.items()}
     seconds: dict[str, list[float]] = {k: [] for k in FORMS}
@@ -123,8 +130,10 @@ def run_shape(shape: str, dtype: str, repeats: int) -> dict:
     return {"shape": shape, "dtype": dtype, "rows": groups * n, "seconds": best, "all_s": seconds,
             "padded_over_group_rows": best["padded"] / best["group_rows"],
             "two_pass_over_group_rows": best["two_pass"] / best["group_rows"],
+            "group_rows_over_packed": best["group_rows"] / best["packed_rows"],
             "positions_padded": groups * n * (prompt + response),
-            "positions_shared": groups * prompt + groups * n * response, "max_logp_diff": diff,
+            "positions_shared": groups * prompt + groups * n * response, "positions_packed": groups * length,
+            "real_tokens": int(mask[::n, :prompt].sum() + mask[:, prompt:].sum()), "max_logp_diff": diff,
             "within_tolerance": diff <= TOLERANCE[dtype]}
 
 
@@ -140,14 +149,15 @@ def main(argv: list[str] | None = None) -> int:
     rows = [run_shape(s, d, args.repeats) for d in args.dtypes.split(",") for s in args.shapes.split(",")]
     print(f"policy forward + backward, SmolLM2-135M dimensions (random weights), {jax.devices()[0].device_kind}, "
           f"{os.cpu_count()} CPUs, jax {jax.__version__}; best of {args.repeats}, two alternating rounds")
-    print("| G x n x P x R | dtype | positions padded / shared | padded s | two-pass s | group rows s | "
-          "padded / group rows | two-pass / group rows | max |Δ log p| |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("| G x n x P x R | dtype | positions padded / shared / packed (real) | padded s | two-pass s | group rows s "
+          "| packed s | padded / group rows | two-pass / group rows | group rows / packed | max |Δ log p| |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         t = r["seconds"]
-        print(f"| {r['shape']} | {r['dtype']} | {r['positions_padded']} / {r['positions_shared']} | {t['padded']:.3f} | "
-              f"{t['two_pass']:.3f} | {t['group_rows']:.3f} | {r['padded_over_group_rows']:.2f}x | "
-              f"{r['two_pass_over_group_rows']:.2f}x | {r['max_logp_diff']:.1e} |")
+        print(f"| {r['shape']} | {r['dtype']} | {r['positions_padded']} / {r['positions_shared']} / "
+              f"{r['positions_packed']} ({r['real_tokens']}) | {t['padded']:.3f} | {t['two_pass']:.3f} | "
+              f"{t['group_rows']:.3f} | {t['packed_rows']:.3f} | {r['padded_over_group_rows']:.2f}x | "
+              f"{r['two_pass_over_group_rows']:.2f}x | {r['group_rows_over_packed']:.2f}x | {r['max_logp_diff']:.1e} |")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"device": jax.devices()[0].device_kind, "cpus": os.cpu_count(), "jax": jax.__version__,

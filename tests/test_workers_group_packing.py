@@ -1,0 +1,152 @@
+"""Group rows without padding (`jaxrl_hf.workers.group_packing`, the packed shared-prompt forward) against the
+padded forward on the same rows: the layout, log-probs, entropies, gradients, and the actor worker's passes."""
+
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from _models_helpers import random_params, tiny_config
+from jaxrl_hf.workers import group_packing
+from jaxrl_hf.workers.losses import response_log_probs
+from jaxrl_hf.workers.shared_prompt import SharedPromptForward, packed_group_log_probs
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "launch", "bench"))
+from bench_shared_prompt import grouped_rows  # noqa: E402  (rows as a rollout lays them out)
+
+
+def packed(ids, mask, positions, response, n, length=None):
+    arrays = {"input_ids": ids, "attention_mask": mask, "position_ids": positions, "responses": ids[:, -response:]}
+    length = length or group_packing.group_row_length(mask, response, n)
+    return group_packing.pack_group_rows(arrays, response, n, length)
+
+
+def test_a_group_row_holds_the_prompt_then_each_sample_and_names_the_predicting_positions():
+    ids = np.array([[0, 0, 11, 12, 21, 22, 0], [0, 0, 11, 12, 31, 0, 0]], np.int32)
+    mask = (ids != 0).astype(np.int32)
+    positions = np.maximum(np.cumsum(mask, -1) - 1, 0).astype(np.int32)
+    out = packed(ids, mask, positions, 3, 2, length=8)
+    assert set(out) == {"responses", *group_packing.GROUP_KEYS}
+    np.testing.assert_array_equal(out["group_input_ids"], [[11, 12, 21, 22, 31, 0, 0, 0]])
+    np.testing.assert_array_equal(out["group_segments"], [[1, 1, 2, 2, 3, 0, 0, 0]])
+    np.testing.assert_array_equal(out["group_position_ids"], [[0, 1, 2, 3, 2, 0, 0, 0]])
+    # sample 1: y0 from the prompt's last token (1), y1 from y0 (2), padding -> 1; sample 2: y0 from 1
+    np.testing.assert_array_equal(out["group_logit_index"], [[1, 2, 1, 1, 1, 1]])
+    assert group_packing.token_counts(out) == (5, 8)
+    with pytest.raises(ValueError, match="group 0 holds 5 tokens, more than the packed length 4"):
+        packed(ids, mask, positions, 3, 2, length=4)
+
+
+def rows_of(prompt_real: int, response_real: list[int], prompt: int = 64, response: int = 32):
+    mask = np.zeros((len(response_real), prompt + response), np.int32)
+    mask[:, prompt - prompt_real:prompt] = 1
+    for row, r in enumerate(response_real):
+        mask[row, prompt:prompt + r] = 1
+    return mask
+
+
+def test_packable_rows_and_their_length():
+    # the default DAPO run's shapes: P = 64, R = 32, n = 4 (a padded group row: 192 positions)
+    assert group_packing.group_row_length(rows_of(50, [10, 10, 10, 10]), 32, 4) == 96  # 90 real
+    assert group_packing.group_row_length(rows_of(50, [10, 20, 10, 20]), 32, 4) == 128  # 110 real
+    assert group_packing.group_row_length(rows_of(50, [30, 30, 30, 30]), 32, 4) == 192  # 170: the padded row
+    two = np.concatenate([rows_of(50, [10, 10, 10, 10]), rows_of(60, [32, 2, 2, 2])])
+    assert group_packing.group_row_length(two, 32, 4) == 128  # the longer group (98)
+    ids, mask, _, _ = grouped_rows(3, 2, 8, 6, 97, seed=4)
+    assert group_packing.packable(mask, 6)
+    holed = mask.copy()
+    holed[0, 9], holed[0, 10] = 0, 1  # a hole inside a response: its tokens would move
+    assert not group_packing.packable(holed, 6)
+    no_last = mask.copy()
+    no_last[:, 7] = 0  # the prompt's last column is padding: nothing predicts y0
+    assert not group_packing.packable(no_last, 6)
+    assert not group_packing.packable(mask * 2, 6)  # segment ids, not a 0/1 mask
+    assert not group_packing.packable(mask, 14)  # no prompt columns
+
+
+@pytest.mark.parametrize("overrides", [{}, {"tie_word_embeddings": True, "qkv_bias": True}, {"dtype": "bfloat16"},
+                                       {"sliding_window": 3, "layer_types": ("sliding_attention", "full_attention"),
+                                        "attn_logit_softcapping": 5.0}])
+def test_packed_group_rows_give_the_padded_forward(overrides):
+    config = tiny_config(**overrides)
+    params = random_params(config.replace(dtype="float32"), seed=3)
+    n, prompt, response = 3, 7, 5
+    ids, mask, positions, valid = grouped_rows(2, n, prompt, response, config.vocab_size, seed=6)
+    micro = {k: jnp.asarray(v) for k, v in packed(ids, mask, positions, response, n).items()}
+    args = (jnp.asarray(ids), jnp.asarray(mask), jnp.asarray(positions))
+
+    def plain(p):
+        return response_log_probs(p, config, *args, response, temperature=0.7)
+
+    def shared(p):
+        return packed_group_log_probs(p, config, micro, n, temperature=0.7)
+
+    tol = 2e-2 if config.dtype == "bfloat16" else 2e-5
+    for a, b in zip(jax.jit(plain)(params), jax.jit(shared)(params)):
+        np.testing.assert_allclose(np.asarray(a) * valid, np.asarray(b) * valid, atol=tol, rtol=tol)
+
+    weights = jnp.asarray(valid * np.linspace(-1.0, 1.0, valid.size).reshape(valid.shape))
+
+    def loss(fn):
+        return lambda p: jnp.sum(fn(p)[0] * weights) + 0.1 * jnp.sum(fn(p)[1] * weights)
+
+    g_plain, g_packed = jax.jit(jax.grad(loss(plain)))(params), jax.jit(jax.grad(loss(shared)))(params)
+    for a, b in zip(jax.tree.leaves(g_plain), jax.tree.leaves(g_packed)):
+        scale = max(float(np.abs(np.asarray(a, np.float32)).max()), 1e-6)
+        np.testing.assert_allclose(np.asarray(b, np.float32) / scale, np.asarray(a, np.float32) / scale,
+                                   atol=10 * tol)
+
+
+def test_the_forward_packs_only_where_asked_and_possible():
+    ids, mask, positions, _ = grouped_rows(2, 2, 6, 3, 97)
+    arrays = {"input_ids": ids, "attention_mask": mask, "position_ids": positions, "responses": ids[:, 6:]}
+    assert SharedPromptForward(tiny_config(), True, 2, 1, packed=True).packs(arrays)
+    assert not SharedPromptForward(tiny_config(), True, 2, 1).packs(arrays)  # use_remove_padding off
+    holed = dict(arrays, attention_mask=mask.copy())
+    holed["attention_mask"][0, 6:] = [0, 1, 1]  # a response that does not start at its first column
+    assert not SharedPromptForward(tiny_config(), True, 2, 1, packed=True).packs(holed)
+    out = SharedPromptForward(tiny_config(), True, 2, 1, packed=True).pack(arrays)
+    assert out["group_input_ids"].shape[0] == 2 and "input_ids" not in out
+
+
+# ------------------------------------------------------------------ the actor worker (8 fake CPU devices)
+@pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 devices: set "
+                    "XLA_FLAGS=--xla_force_host_platform_device_count=8 before jax starts")
+def test_actor_worker_packs_group_rows_with_the_padded_update_and_log_probs():
+    """dp 4 x tp 2, 4 prompts x 2 samples, ``model.use_remove_padding``: the update and the log-prob pass take
+    packed group rows (metric 1, a padding ratio below the padded rows') and give the padded forward's log-probs,
+    loss, gradient norm and parameter change."""
+    from _models_helpers import DP4_TP2_PLACEMENT, TINY_WORKER_MODEL, local_actor, tiny_worker_config
+    from jaxrl_hf.controller import Batch
+
+    ids, mask, positions, valid = grouped_rows(4, 2, 6, 5, TINY_WORKER_MODEL["vocab_size"], seed=2)
+    rng = np.random.default_rng(5)
+    batch = Batch.from_dict({"input_ids": ids, "attention_mask": mask, "position_ids": positions,
+                             "responses": ids[:, 6:], "response_mask": valid.astype(np.int32),
+                             "advantages": (rng.normal(size=valid.shape) * valid).astype(np.float32)})
+    runs = {}
+    for share in (True, False):
+        worker = local_actor(tiny_worker_config(
+            lr=1e-2, n=2, response_length=5, seed=1, placement=DP4_TP2_PLACEMENT,
+            model={"use_remove_padding": share},
+            actor={"ppo_mini_batch_size": 4, "ppo_micro_batch_size_per_device": 2, "share_prompt_forward": share}))
+        packs = []
+        pack = worker.shared_prompt.pack
+        worker.shared_prompt.pack = lambda arrays: packs.append(len(arrays["input_ids"])) or pack(arrays)
+        logp = worker.compute_log_prob(batch)["old_log_probs"]
+        assert sum(packs) == (len(ids) if share else 0)  # the log-prob pass packed every row's group
+        before = [np.asarray(x) for x in jax.tree.leaves(worker.state.params)]
+        metrics = worker.update_actor(batch).meta_info["metrics"]
+        delta = np.concatenate([(np.asarray(x) - b).ravel()
+                                for x, b in zip(jax.tree.leaves(worker.state.params), before)])
+        runs[share] = (logp, metrics, delta)
+    (logp, got, delta), (ref_logp, ref, ref_delta) = runs[True], runs[False]
+    assert got["actor/packed_group_rows"] == 1.0 and ref["actor/packed_group_rows"] == 0.0
+    assert 0.0 <= got["actor/padding_ratio"] < 1.0 - valid.sum() / (4 * (6 + 2 * 5))
+    np.testing.assert_allclose(logp, ref_logp, atol=2e-5)
+    for key in ("actor/pg_loss", "actor/grad_norm", "actor/entropy"):
+        np.testing.assert_allclose(got[key], ref[key], rtol=1e-4, atol=1e-6, err_msg=key)
+    assert np.linalg.norm(delta - ref_delta) < 1e-3 * np.linalg.norm(ref_delta)
