@@ -227,7 +227,8 @@ def test_verl_dapo_32b_recipe_line_parses():
 
 @needs8
 def test_ulysses_sp_plans_sequence_sharded_programs(small_model):
-    keys = [*BATCH, "data.max_prompt_length=63", "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"]
+    keys = [*BATCH, "data.max_prompt_length=63", "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+            "actor_rollout_ref.model.use_remove_padding=False"]  # configs/dapo.yaml packs; sp does not
     report = plan_memory(small_model, 8, keys)
     update = report["programs"]["update_actor"]
     assert report["layout"]["train"].endswith("(sp2)") and report["layout"]["rule_set"].endswith("_sp")

@@ -67,7 +67,7 @@ def test_packable_rows_and_their_length():
     assert not group_packing.packable(mask, 14)  # no prompt columns
 
 
-@pytest.mark.parametrize("overrides", [{}, {"tie_word_embeddings": True, "qkv_bias": True}, {"dtype": "bfloat16"},
+@pytest.mark.parametrize("overrides", [{}, {"dtype": "bfloat16", "tie_word_embeddings": True},
                                        {"sliding_window": 3, "layer_types": ("sliding_attention", "full_attention"),
                                         "attn_logit_softcapping": 5.0}])
 def test_packed_group_rows_give_the_padded_forward(overrides):

@@ -25,6 +25,7 @@ from typing import Mapping
 import numpy as np
 
 from jaxrl_hf.workers import packing
+from jaxrl_hf.workers.token_batches import agree_max
 
 GROUP_KEYS = ("group_input_ids", "group_position_ids", "group_segments", "group_logit_index")
 """The arrays `pack_group_rows` adds to a micro-batch (they replace its ``input_ids`` / ``attention_mask`` /
@@ -43,13 +44,15 @@ def packable(attention_mask: np.ndarray, response_length: int) -> bool:
 
 
 def group_row_length(attention_mask: np.ndarray, response_length: int, group: int) -> int:
-    """``T`` of the packed group rows of ``attention_mask``'s rows (module docstring)."""
+    """``T`` of the packed group rows of ``attention_mask``'s rows (module docstring), the largest over the JAX
+    processes (all of them call it in lockstep, once per micro-batch stack or chunk)."""
     mask = np.asarray(attention_mask) != 0
     rows, width = mask.shape
     prompt_len = width - int(response_length)
     prompts = mask[::group, :prompt_len].sum(axis=1)
     responses = mask[:, prompt_len:].sum(axis=1).reshape(rows // group, group).sum(axis=1)
-    return packing.static_length(int((prompts + responses).max()), prompt_len + group * int(response_length))
+    length = packing.static_length(int((prompts + responses).max()), prompt_len + group * int(response_length))
+    return agree_max(length)[0]  # every process runs the same program
 
 
 def pack_group_rows(arrays: Mapping[str, np.ndarray], response_length: int, group: int,

@@ -40,6 +40,7 @@ from jaxrl_hf.models.logprobs import log_probs_and_entropy_from_hidden
 from jaxrl_hf.models.shared_prompt_attention import join_group_rows, repeat_per_sample, split_group_rows
 from jaxrl_hf.workers import group_packing
 from jaxrl_hf.workers.common import chunked_apply
+from jaxrl_hf.workers.token_batches import agree_max
 from jaxrl_hf.workers.losses import LogProbFn, whole_rows
 
 Array = jax.Array
@@ -160,9 +161,12 @@ class SharedPromptForward:
     def packs(self, arrays: Mapping[str, np.ndarray]) -> bool:
         """Whether rows that `applies` to go as packed group rows: ``packed``, `group_packing.packable` rows, and
         an eager width for the longest packed group row."""
+        if not self.packed:
+            return False
         response = np.shape(arrays["responses"])[1]
-        return (self.packed and group_packing.packable(arrays["attention_mask"], response)
-                and self._eager(group_packing.group_row_length(arrays["attention_mask"], response, self.group)))
+        length = group_packing.group_row_length(arrays["attention_mask"], response, self.group)  # in lockstep
+        ok = group_packing.packable(arrays["attention_mask"], response) and self._eager(length)
+        return not agree_max(int(not ok))[0]  # every process takes the same layout
 
     def pack(self, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """One chunk of rows (``[rows, ...]``) as packed group rows at its own length."""

@@ -5,7 +5,7 @@ padded forward and against the earlier two-pass form (a prompt pass, then a resp
 weight read twice and the two passes' weight gradients summed), on the same rows.
 
     python launch/bench/bench_shared_prompt.py [--shapes 1x4x64x32,4x4x64x32,2x8x64x128] [--dtypes float32,bfloat16]
-                                             [--repeats 3] [--json OUT]
+                                             [--repeats 3] [--prompt-real 48-58] [--response-real 4-28] [--json OUT]
 
 A shape ``GxNxPxR`` is ``G`` prompts x ``N`` samples, prompts left-padded to ``P`` columns, responses right-padded to
 ``R`` (lengths drawn per group / per sample, as a rollout lays them out). The model has SmolLM2-135M's dimensions
@@ -34,21 +34,25 @@ SMOLLM2_135M = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, n
 TOLERANCE = {"float32": 2e-4, "bfloat16": 5e-2}
 
 
-def grouped_rows(groups: int, n: int, prompt: int, response: int, vocab: int, seed: int = 0):
-    """Rows as a rollout lays them out: each group's prompt (2..P tokens) in ``n`` adjacent rows, left-padded;
-    each sample's response (1..R tokens) right-padded; rollout position ids."""
+def grouped_rows(groups: int, n: int, prompt: int, response: int, vocab: int, seed: int = 0,
+                 prompt_real: tuple[int, int] | None = None, response_real: tuple[int, int] | None = None):
+    """Rows as a rollout lays them out: each group's prompt (``prompt_real`` = (lo, hi) tokens, default P/2..P) in
+    ``n`` adjacent rows, left-padded; each sample's response (``response_real``, default R/4..R tokens)
+    right-padded; rollout position ids."""
     import numpy as np
 
     rng = np.random.default_rng(seed)
     rows, width = groups * n, prompt + response
+    p_lo, p_hi = prompt_real or (prompt // 2, prompt)
+    r_lo, r_hi = response_real or (max(response // 4, 1), response)
     ids, mask = np.zeros((rows, width), np.int32), np.zeros((rows, width), np.int32)
     for g in range(groups):
-        plen = int(rng.integers(prompt // 2, prompt + 1))
+        plen = int(rng.integers(p_lo, p_hi + 1))
         tokens = rng.integers(3, vocab, plen)
         for s in range(n):
             r = g * n + s
             ids[r, prompt - plen:prompt], mask[r, prompt - plen:prompt] = tokens, 1
-            rlen = int(rng.integers(max(response // 4, 1), response + 1))
+            rlen = int(rng.integers(r_lo, r_hi + 1))
             ids[r, prompt:prompt + rlen], mask[r, prompt:prompt + rlen] = rng.integers(3, vocab, rlen), 1
     positions = np.maximum(np.cumsum(mask, -1) - 1, 0).astype(np.int32)
     return ids, mask, positions, mask[:, prompt:].astype(np.float32)
@@ -95,7 +99,8 @@ def two_pass_log_probs(params, config, input_ids, attention_mask, position_ids, 
 FORMS = ("padded", "two_pass", "group_rows", "packed_rows")
 
 
-def run_shape(shape: str, dtype: str, repeats: int) -> dict:
+def run_shape(shape: str, dtype: str, repeats: int, prompt_real: tuple[int, int] | None = None,
+              response_real: tuple[int, int] | None = None) -> dict:
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -109,7 +114,8 @@ def run_shape(shape: str, dtype: str, repeats: int) -> dict:
     config = DecoderConfig(**SMOLLM2_135M, dtype=dtype, scan_layers=False)
     params = init_params(config.replace(dtype="float32"), 0)
     config = pair_matmul.training_config(config, None)  # as the actor's update runs it
-    ids, mask, positions, valid = grouped_rows(groups, n, prompt, response, config.vocab_size)
+    ids, mask, positions, valid = grouped_rows(groups, n, prompt, response, config.vocab_size,
+                                               prompt_real=prompt_real, response_real=response_real)
     args, weights = (jnp.asarray(ids), jnp.asarray(mask), jnp.asarray(positions)), jnp.asarray(valid)
     length = group_packing.group_row_length(mask, response, n)
     micro = {k: jnp.asarray(v) for k, v in group_packing.pack_group_rows(
@@ -142,11 +148,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shapes", default="1x4x64x32,4x4x64x32,2x8x64x128")
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--prompt-real", default=None, help="LO-HI real prompt tokens (default P/2-P)")
+    parser.add_argument("--response-real", default=None, help="LO-HI real response tokens (default R/4-R)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     import jax
 
-    rows = [run_shape(s, d, args.repeats) for d in args.dtypes.split(",") for s in args.shapes.split(",")]
+    span = lambda text: tuple(int(x) for x in text.split("-")) if text else None  # noqa: E731
+    rows = [run_shape(s, d, args.repeats, span(args.prompt_real), span(args.response_real))
+            for d in args.dtypes.split(",") for s in args.shapes.split(",")]
     print(f"policy forward + backward, SmolLM2-135M dimensions (random weights), {jax.devices()[0].device_kind}, "
           f"{os.cpu_count()} CPUs, jax {jax.__version__}; best of {args.repeats}, two alternating rounds")
     print("| G x n x P x R | dtype | positions padded / shared / packed (real) | padded s | two-pass s | group rows s "
