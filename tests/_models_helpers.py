@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_hf.models import DecoderConfig, forward, init_params
@@ -96,3 +97,41 @@ def assert_smoke_run_trained(run_dir, steps: int) -> list[dict]:
     for r in updates:
         assert r["response_length/mean"] > 0 and np.isfinite(r["actor/grad_norm"])
     return updates
+
+
+def assert_same_log_probs_and_grads(plain, other, params, valid, bf16: bool) -> None:
+    """``other(params)`` gives ``plain(params)``'s ``(log-probs, entropies)`` where ``valid`` and the gradient of a
+    weighted sum of both, leaf by leaf relative to its largest entry (2e-5, or 2e-2 in bfloat16; 10x for grads)."""
+    tol = 2e-2 if bf16 else 2e-5
+    for a, b in zip(jax.jit(plain)(params), jax.jit(other)(params)):
+        np.testing.assert_allclose(np.asarray(a) * valid, np.asarray(b) * valid, atol=tol, rtol=tol)
+    weights = jnp.asarray(valid * np.linspace(-1.0, 1.0, valid.size).reshape(valid.shape))
+
+    def loss(fn):
+        return lambda p: jnp.sum(fn(p)[0] * weights) + 0.1 * jnp.sum(fn(p)[1] * weights)
+
+    g_plain, g_other = jax.jit(jax.grad(loss(plain)))(params), jax.jit(jax.grad(loss(other)))(params)
+    for a, b in zip(jax.tree.leaves(g_plain), jax.tree.leaves(g_other)):
+        scale = max(float(np.abs(np.asarray(a, np.float32)).max()), 1e-6)
+        np.testing.assert_allclose(np.asarray(b, np.float32) / scale, np.asarray(a, np.float32) / scale,
+                                   atol=10 * tol)
+
+
+def grouped_rollout_batch(ids, mask, positions, valid, prompt: int, seed: int = 5):
+    """A rollout `Batch` of grouped rows (``bench_shared_prompt.grouped_rows``) with random advantages."""
+    from jaxrl_hf.controller import Batch
+
+    rng = np.random.default_rng(seed)
+    return Batch.from_dict({"input_ids": ids, "attention_mask": mask, "position_ids": positions,
+                            "responses": ids[:, prompt:], "response_mask": valid.astype(np.int32),
+                            "advantages": (rng.normal(size=valid.shape) * valid).astype(np.float32)})
+
+
+def log_probs_and_update(worker, batch):
+    """``(old log-probs, update metrics, parameter change)`` of an actor worker's ``compute_log_prob`` then
+    ``update_actor`` on ``batch``."""
+    logp = worker.compute_log_prob(batch)["old_log_probs"]
+    before = [np.asarray(x) for x in jax.tree.leaves(worker.state.params)]
+    metrics = worker.update_actor(batch).meta_info["metrics"]
+    delta = np.concatenate([(np.asarray(x) - b).ravel() for x, b in zip(jax.tree.leaves(worker.state.params), before)])
+    return logp, metrics, delta

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from _models_helpers import random_params, tiny_config
+from _models_helpers import assert_same_log_probs_and_grads, random_params, tiny_config
 from jaxrl_hf.workers import group_packing
 from jaxrl_hf.workers.losses import response_log_probs
 from jaxrl_hf.workers.shared_prompt import SharedPromptForward, packed_group_log_probs
@@ -84,20 +84,7 @@ def test_packed_group_rows_give_the_padded_forward(overrides):
     def shared(p):
         return packed_group_log_probs(p, config, micro, n, temperature=0.7)
 
-    tol = 2e-2 if config.dtype == "bfloat16" else 2e-5
-    for a, b in zip(jax.jit(plain)(params), jax.jit(shared)(params)):
-        np.testing.assert_allclose(np.asarray(a) * valid, np.asarray(b) * valid, atol=tol, rtol=tol)
-
-    weights = jnp.asarray(valid * np.linspace(-1.0, 1.0, valid.size).reshape(valid.shape))
-
-    def loss(fn):
-        return lambda p: jnp.sum(fn(p)[0] * weights) + 0.1 * jnp.sum(fn(p)[1] * weights)
-
-    g_plain, g_packed = jax.jit(jax.grad(loss(plain)))(params), jax.jit(jax.grad(loss(shared)))(params)
-    for a, b in zip(jax.tree.leaves(g_plain), jax.tree.leaves(g_packed)):
-        scale = max(float(np.abs(np.asarray(a, np.float32)).max()), 1e-6)
-        np.testing.assert_allclose(np.asarray(b, np.float32) / scale, np.asarray(a, np.float32) / scale,
-                                   atol=10 * tol)
+    assert_same_log_probs_and_grads(plain, shared, params, valid, config.dtype == "bfloat16")
 
 
 def test_the_forward_packs_only_where_asked_and_possible():
@@ -119,14 +106,11 @@ def test_actor_worker_packs_group_rows_with_the_padded_update_and_log_probs():
     """dp 4 x tp 2, 4 prompts x 2 samples, ``model.use_remove_padding``: the update and the log-prob pass take
     packed group rows (metric 1, a padding ratio below the padded rows') and give the padded forward's log-probs,
     loss, gradient norm and parameter change."""
-    from _models_helpers import DP4_TP2_PLACEMENT, TINY_WORKER_MODEL, local_actor, tiny_worker_config
-    from jaxrl_hf.controller import Batch
+    from _models_helpers import (DP4_TP2_PLACEMENT, TINY_WORKER_MODEL, grouped_rollout_batch, local_actor,
+                                 log_probs_and_update, tiny_worker_config)
 
     ids, mask, positions, valid = grouped_rows(4, 2, 6, 5, TINY_WORKER_MODEL["vocab_size"], seed=2)
-    rng = np.random.default_rng(5)
-    batch = Batch.from_dict({"input_ids": ids, "attention_mask": mask, "position_ids": positions,
-                             "responses": ids[:, 6:], "response_mask": valid.astype(np.int32),
-                             "advantages": (rng.normal(size=valid.shape) * valid).astype(np.float32)})
+    batch = grouped_rollout_batch(ids, mask, positions, valid, 6)
     runs = {}
     for share in (True, False):
         worker = local_actor(tiny_worker_config(
@@ -136,13 +120,8 @@ def test_actor_worker_packs_group_rows_with_the_padded_update_and_log_probs():
         packs = []
         pack = worker.shared_prompt.pack
         worker.shared_prompt.pack = lambda arrays: packs.append(len(arrays["input_ids"])) or pack(arrays)
-        logp = worker.compute_log_prob(batch)["old_log_probs"]
+        runs[share] = log_probs_and_update(worker, batch)
         assert sum(packs) == (len(ids) if share else 0)  # the log-prob pass packed every row's group
-        before = [np.asarray(x) for x in jax.tree.leaves(worker.state.params)]
-        metrics = worker.update_actor(batch).meta_info["metrics"]
-        delta = np.concatenate([(np.asarray(x) - b).ravel()
-                                for x, b in zip(jax.tree.leaves(worker.state.params), before)])
-        runs[share] = (logp, metrics, delta)
     (logp, got, delta), (ref_logp, ref, ref_delta) = runs[True], runs[False]
     assert got["actor/packed_group_rows"] == 1.0 and ref["actor/packed_group_rows"] == 0.0
     assert 0.0 <= got["actor/padding_ratio"] < 1.0 - valid.sum() / (4 * (6 + 2 * 5))

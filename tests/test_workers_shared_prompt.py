@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from _models_helpers import random_params, tiny_config
+from _models_helpers import assert_same_log_probs_and_grads, random_params, tiny_config
 from jaxrl_hf.workers.losses import response_log_probs
 from jaxrl_hf.workers.shared_prompt import groups_share_prompts, shared_prompt_log_probs
 
@@ -32,20 +32,7 @@ def test_shared_prompt_forward_equals_the_padded_forward(overrides):
     def shared(p):
         return shared_prompt_log_probs(p, config, *args, response, n, temperature=0.7)
 
-    tol = 2e-2 if config.dtype == "bfloat16" else 2e-5
-    for a, b in zip(jax.jit(plain)(params), jax.jit(shared)(params)):
-        np.testing.assert_allclose(np.asarray(a) * valid, np.asarray(b) * valid, atol=tol, rtol=tol)
-
-    weights = jnp.asarray(valid * np.linspace(-1.0, 1.0, valid.size).reshape(valid.shape))
-
-    def loss(fn):
-        return lambda p: jnp.sum(fn(p)[0] * weights) + 0.1 * jnp.sum(fn(p)[1] * weights)
-
-    g_plain, g_shared = jax.jit(jax.grad(loss(plain)))(params), jax.jit(jax.grad(loss(shared)))(params)
-    for a, b in zip(jax.tree.leaves(g_plain), jax.tree.leaves(g_shared)):
-        scale = max(float(np.abs(np.asarray(a, np.float32)).max()), 1e-6)
-        np.testing.assert_allclose(np.asarray(b, np.float32) / scale, np.asarray(a, np.float32) / scale,
-                                   atol=10 * tol)
+    assert_same_log_probs_and_grads(plain, shared, params, valid, config.dtype == "bfloat16")
 
 
 def test_groups_share_prompts_checks_every_group_and_chunk():
@@ -82,23 +69,11 @@ def test_actor_worker_shares_grouped_prompts_with_the_same_update_and_log_probs(
     """dp 4 x tp 2, 4 prompts x 2 samples, one sample pair per device: the shared forward is taken (metric 1) and
     gives the padded forward's log-probs, loss, gradient norm and parameter change; rows out of their groups and
     ``share_prompt_forward: false`` take the padded one."""
-    from _models_helpers import TINY_WORKER_MODEL
-    from jaxrl_hf.controller import Batch
+    from _models_helpers import TINY_WORKER_MODEL, grouped_rollout_batch, log_probs_and_update
 
     ids, mask, positions, valid = grouped_rows(4, 2, 6, 5, TINY_WORKER_MODEL["vocab_size"], seed=2)
-    rng = np.random.default_rng(5)
-    batch = Batch.from_dict({"input_ids": ids, "attention_mask": mask, "position_ids": positions,
-                             "responses": ids[:, 6:], "response_mask": valid.astype(np.int32),
-                             "advantages": (rng.normal(size=valid.shape) * valid).astype(np.float32)})
-    runs = {}
-    for share in (True, False):
-        worker = make_actor(share)
-        logp = worker.compute_log_prob(batch)["old_log_probs"]
-        before = [np.asarray(x) for x in jax.tree.leaves(worker.state.params)]
-        metrics = worker.update_actor(batch).meta_info["metrics"]
-        delta = np.concatenate([(np.asarray(x) - b).ravel()
-                                for x, b in zip(jax.tree.leaves(worker.state.params), before)])
-        runs[share] = (logp, metrics, delta)
+    batch = grouped_rollout_batch(ids, mask, positions, valid, 6)
+    runs = {share: log_probs_and_update(make_actor(share), batch) for share in (True, False)}
     (logp, got, delta), (ref_logp, ref, ref_delta) = runs[True], runs[False]
     assert got["actor/shared_prompt_forward"] == 1.0 and ref["actor/shared_prompt_forward"] == 0.0
     np.testing.assert_allclose(logp, ref_logp, atol=2e-5)
