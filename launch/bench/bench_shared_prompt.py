@@ -13,8 +13,9 @@ A shape ``GxNxPxR`` is ``G`` prompts x ``N`` samples, prompts left-padded to ``P
 training config: `models.pair_matmul.training_config`). Per shape and dtype: the jitted gradient of the token
 log-likelihood (the loss the actor's update differentiates), best of ``--repeats`` calls after a compile call, the
 four forms in one process, alternating, two rounds; the ratios padded / group rows, two-pass / group rows and
-group rows / packed group rows (> 1: the latter is faster), the decoder token positions each computes, and the largest difference of the
-log-probs from the padded forward's (checked: exit 1 beyond 2e-4 in float32, 5e-2 in bfloat16).
+group rows / packed group rows (> 1: the latter is faster), the decoder token positions each computes, and the
+largest difference of the log-probs from the padded forward's (checked: exit 1 beyond 2e-4 in float32, 5e-2 in
+bfloat16).
 """
 
 from __future__ import annotations
