@@ -100,9 +100,13 @@ def eager_attention(q: Array, k: Array, v: Array, segments: Array, scale: float,
                     window: Array | int | None = None, softcap: float | None = None) -> Array:
     """Reference self-attention: ``softmax(where(mask, soft_cap(q k^T * scale), -inf)) v`` with the full
     ``[B, kv_heads, groups, T, T]`` float32 scores (Vaswani et al. 2017, eq. 1)."""
-    mask = segment_mask(segments, segments, window=window)[:, None, None]
+    return masked_attention(q, k, v, segment_mask(segments, segments, window=window), scale, softcap)
+
+
+def masked_attention(q: Array, k: Array, v: Array, mask: Array, scale: float, softcap: float | None = None) -> Array:
+    """`eager_attention` under any ``[B, T, S]`` boolean ``mask`` (query ``t`` sees key ``s``)."""
     scores = soft_cap(jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) * scale, softcap)
-    probs = jax.nn.softmax(jnp.where(mask, scores, NEG_INF), axis=-1).astype(q.dtype)
+    probs = jax.nn.softmax(jnp.where(mask[:, None, None], scores, NEG_INF), axis=-1).astype(q.dtype)
     return jnp.einsum("bkgts,bskd->btkgd", probs, v)
 
 

@@ -28,10 +28,9 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-import jax
 import jax.numpy as jnp
 
-from jaxrl_hf.models.attention import NEG_INF, cached_attention, soft_cap
+from jaxrl_hf.models.attention import cached_attention, masked_attention
 
 Array = jnp.ndarray
 
@@ -95,7 +94,4 @@ def shared_prefix_attention(q: Array, k: Array, v: Array, segments: Array, posit
     """Eager attention (Vaswani et al. 2017, eq. 1) under `shared_prefix_mask`: ``softmax(where(mask,
     soft_cap(q kᵀ · scale), -inf)) v`` with ``q [B, T, kv_heads, groups, head_dim]``, ``k, v [B, T, kv_heads,
     head_dim]``, ``segments`` / ``positions [B, T]``. A padding query gets the mean of ``v`` (no key seen)."""
-    mask = shared_prefix_mask(segments, positions, window)[:, None, None]
-    scores = soft_cap(jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) * scale, softcap)
-    probs = jax.nn.softmax(jnp.where(mask, scores, NEG_INF), axis=-1).astype(q.dtype)
-    return jnp.einsum("bkgts,bskd->btkgd", probs, v)
+    return masked_attention(q, k, v, shared_prefix_mask(segments, positions, window), scale, softcap)

@@ -40,8 +40,8 @@ from jaxrl_hf.models.logprobs import log_probs_and_entropy_from_hidden
 from jaxrl_hf.models.shared_prompt_attention import join_group_rows, repeat_per_sample, split_group_rows
 from jaxrl_hf.workers import group_packing
 from jaxrl_hf.workers.common import chunked_apply
-from jaxrl_hf.workers.token_batches import agree_max
 from jaxrl_hf.workers.losses import LogProbFn, whole_rows
+from jaxrl_hf.workers.token_batches import agree_max
 
 Array = jax.Array
 
