@@ -7,6 +7,38 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import pytest  # noqa: E402
 
+PROCESS_MODULES = frozenset({
+    # vLLM engines (in this process or a child)
+    "test_rollout_vllm", "test_rollout_vllm_families", "test_rollout_multi_turn_vllm", "test_export_hf",
+    "test_workers_hybrid_offload", "test_workers_multiprocess_rollout",
+    # the trainer with its Ray workers, or in a subprocess
+    "test_trainer_e2e", "test_trainer_async", "test_trainer_agent", "test_trainer_lora", "test_reliability_signals",
+    "test_reliability_restore", "test_reliability_nonfinite", "test_reliability_worker", "test_reliability_bad_input",
+    "test_config_verl_cli", "test_packaging", "test_bench_gpu", "test_bench_trl_grpo", "test_user_imports",
+    # Ray clusters of several worker processes
+    "test_controller_multinode", "test_controller_failures", "test_controller_groups", "test_workers_groups",
+    "test_rewards_prm", "test_gpu_doctor", "test_gpu_memory_budget",
+})
+"""Test modules that start Ray clusters, vLLM engines or trainer processes, several GiB each. Under pytest-xdist's
+``--dist loadfile`` (`make test` runs two workers) they form one unit of work, so one runs at a time beside the
+in-process tests (`pytest_xdist_make_scheduler`)."""
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadfile`` with the `PROCESS_MODULES` as one scope: each other module is a scope of its own (its
+    tests and module-scoped fixtures on one worker). Other ``--dist`` modes: xdist's own scheduler."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModulesAndProcesses(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return "processes" if os.path.splitext(os.path.basename(module))[0] in PROCESS_MODULES else module
+
+    return ModulesAndProcesses(config, log)
+
 
 @pytest.fixture(scope="module")
 def ray_cluster():
