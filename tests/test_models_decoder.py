@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import jax
 import jax.numpy as jnp
@@ -178,6 +179,34 @@ def test_lm_head_of_one_chunk_is_not_rematerialised_and_matches_the_chunked_one(
                         jax.grad(loss, argnums=(0, 1))(hidden, kernel, 4)):
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
         np.testing.assert_allclose(float(loss(hidden, kernel, whole)), float(loss(hidden, kernel, 4)), rtol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_a_vocab_major_lm_head_gives_the_same_log_probs_and_gradients_without_a_transposed_gradient(dtype):
+    """A tied LM head passed as the embedding ``[V, E]`` (``vocab_major``) equals the ``[E, V]`` kernel: log-probs,
+    entropy and both gradients (float64 reference of the bf16 path's float32 sums); its bf16 gradient program
+    has no transpose of a vocabulary-sized array."""
+    rng = np.random.default_rng(5)
+    hidden = jnp.asarray(rng.normal(size=(2, 5, 16)), dtype)
+    embedding = jnp.asarray(rng.normal(size=(1031, 16)) * 0.3, dtype)  # V > 1024: XLA:CPU's slow-row padding too
+    targets = jnp.asarray(rng.integers(0, 1031, (2, 5)), jnp.int32)
+
+    def loss(h, w, vocab_major):
+        logp, ent = log_probs_and_entropy_from_hidden(h, w, targets, 0.7, 128, vocab_major=vocab_major)
+        return (logp * jnp.arange(5.0)).sum() + 0.1 * ent.sum()
+
+    grad = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)), static_argnums=2)
+    value_t, (dh_t, dw_t) = grad(hidden, embedding.T, False)
+    value_v, (dh_v, dw_v) = grad(hidden, embedding, True)
+    assert dw_v.shape == embedding.shape and dw_v.dtype == dtype
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == jnp.float32 else dict(rtol=2e-2, atol=2e-2)
+    np.testing.assert_allclose(float(value_v), float(value_t), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(dh_v, np.float32), np.asarray(dh_t, np.float32), **tol)
+    np.testing.assert_allclose(np.asarray(dw_v, np.float32), np.asarray(dw_t, np.float32).T, **tol)
+    if dtype == jnp.bfloat16:
+        hlo = grad.lower(hidden, embedding, True).compile().as_text()
+        assert not re.search(r"= f32\[1031,16\][^ ]* (transpose|copy)\(", hlo)
+        assert not re.search(r"= f32\[16,1031\]", hlo)  # the gradient is made [V, E], never [E, V]
 
 
 def test_remat_and_bf16_options():

@@ -158,6 +158,16 @@ def lm_head_kernel(params: Params, config: DecoderConfig) -> jnp.ndarray:
     return params["lm_head"]["kernel"]
 
 
+def lm_head_weight(params: Params, config: DecoderConfig) -> tuple[jnp.ndarray, bool]:
+    """``(weight, vocab_major)``: the output projection in the compute dtype as `log_probs_and_entropy_from_hidden`
+    takes it. A tied embedding stays ``[vocab, embed]`` as stored (``vocab_major``), so its gradient is computed in
+    that layout rather than transposed from ``[embed, vocab]`` (a copy of the vocabulary-sized gradient)."""
+    dtype = jnp.dtype(config.dtype)
+    if config.tie_word_embeddings:
+        return params["model"]["embed_tokens"]["embedding"].astype(dtype), True
+    return params["lm_head"]["kernel"].astype(dtype), False
+
+
 def token_log_probs_and_entropy(params: Params, config: DecoderConfig, input_ids: jnp.ndarray,
                                 targets: jnp.ndarray, attention_mask: jnp.ndarray | None = None,
                                 positions: jnp.ndarray | None = None, temperature: float | jnp.ndarray = 1.0,
@@ -170,9 +180,9 @@ def token_log_probs_and_entropy(params: Params, config: DecoderConfig, input_ids
     positions are meaningless and must be masked by the caller.
     """
     hidden = hidden_states(params, config, input_ids, attention_mask, positions, mesh, rules)
-    kernel = lm_head_kernel(params, config).astype(jnp.dtype(config.dtype))
-    return log_probs_and_entropy_from_hidden(hidden, kernel, targets, temperature, chunk_size, with_entropy,
-                                             config.final_logit_softcapping)
+    weight, vocab_major = lm_head_weight(params, config)
+    return log_probs_and_entropy_from_hidden(hidden, weight, targets, temperature, chunk_size, with_entropy,
+                                             config.final_logit_softcapping, vocab_major)
 
 
 def next_token_targets(input_ids: jnp.ndarray, fill: int = 0) -> jnp.ndarray:

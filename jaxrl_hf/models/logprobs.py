@@ -21,14 +21,16 @@ from jaxrl_hf.models.matmul import matmul_f32_accumulate
 
 
 def _chunk_stats(hidden: jnp.ndarray, kernel: jnp.ndarray, targets: jnp.ndarray,
-                 temperature: float | jnp.ndarray, with_entropy: bool,
-                 softcap: float | None) -> tuple[jnp.ndarray, jnp.ndarray]:
+                 temperature: float | jnp.ndarray, with_entropy: bool, softcap: float | None,
+                 vocab_major: bool = False) -> tuple[jnp.ndarray, jnp.ndarray]:
     rows = hidden.reshape(-1, hidden.shape[-1])  # one 2-D matmul (see models/llama.py `_Proj`)
     if hidden.dtype == jnp.float32:
-        logits = jnp.dot(rows, kernel.astype(jnp.float32))
+        w = kernel.astype(jnp.float32)
+        logits = jnp.dot(rows, w.T if vocab_major else w)
     else:  # f32 logits, f32 accumulation forward and backward
-        logits = matmul_f32_accumulate(rows, kernel, True)
-    logits = soft_cap(logits.reshape(*hidden.shape[:-1], kernel.shape[-1]), softcap) / temperature
+        logits = matmul_f32_accumulate(rows, kernel, True, False, vocab_major)
+    vocab = kernel.shape[0] if vocab_major else kernel.shape[-1]
+    logits = soft_cap(logits.reshape(*hidden.shape[:-1], vocab), softcap) / temperature
     lse = jax.nn.logsumexp(logits, axis=-1)
     picked = jnp.take_along_axis(logits, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
     logp = picked - lse
@@ -42,9 +44,10 @@ def _chunk_stats(hidden: jnp.ndarray, kernel: jnp.ndarray, targets: jnp.ndarray,
 
 def log_probs_and_entropy_from_hidden(hidden: jnp.ndarray, kernel: jnp.ndarray, targets: jnp.ndarray,
                                       temperature: float | jnp.ndarray = 1.0, chunk_size: int = 128,
-                                      with_entropy: bool = True,
-                                      softcap: float | None = None) -> tuple[jnp.ndarray, jnp.ndarray]:
-    """``(log p(targets), entropy)``, both ``[B, T]`` float32, for hidden ``[B, T, E]`` and kernel ``[E, V]``.
+                                      with_entropy: bool = True, softcap: float | None = None,
+                                      vocab_major: bool = False) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """``(log p(targets), entropy)``, both ``[B, T]`` float32, for hidden ``[B, T, E]`` and kernel ``[E, V]``
+    (``[V, E]`` with ``vocab_major``: a tied embedding as stored, `forward.lm_head_weight`).
 
     The sequence is cut into ``chunk_size`` pieces (padded at the end) processed by ``lax.map`` with
     ``jax.checkpoint`` (one chunk: computed directly); peak extra memory is one ``[B, chunk_size, V]`` float32
@@ -60,10 +63,11 @@ def log_probs_and_entropy_from_hidden(hidden: jnp.ndarray, kernel: jnp.ndarray, 
         hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
         targets = jnp.pad(targets, ((0, 0), (0, pad)))
     if n == 1:  # one block either way (module docstring): no rematerialisation
-        return _chunk_stats(hidden, kernel, targets, temperature, with_entropy, softcap)
+        return _chunk_stats(hidden, kernel, targets, temperature, with_entropy, softcap, vocab_major)
     hs = hidden.reshape(b, n, c, e).swapaxes(0, 1)
     ts = targets.reshape(b, n, c).swapaxes(0, 1)
-    fn = jax.checkpoint(lambda args: _chunk_stats(args[0], kernel, args[1], temperature, with_entropy, softcap))
+    fn = jax.checkpoint(lambda args: _chunk_stats(args[0], kernel, args[1], temperature, with_entropy, softcap,
+                                                  vocab_major))
     logp, ent = jax.lax.map(fn, (hs, ts))
     logp = logp.swapaxes(0, 1).reshape(b, n * c)[:, :t]
     ent = ent.swapaxes(0, 1).reshape(b, n * c)[:, :t]

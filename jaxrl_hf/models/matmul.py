@@ -31,13 +31,15 @@ _NT = (((1,), (1,)), ((), ()))  # [M,N] · [K,N]ᵀ
 _TN = (((0,), (0,)), ((), ()))  # [M,K]ᵀ · [M,N]
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
-def matmul_f32_accumulate(x: jnp.ndarray, w: jnp.ndarray, f32_out: bool = False,
-                          pair_kernel: bool = False) -> jnp.ndarray:
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
+def matmul_f32_accumulate(x: jnp.ndarray, w: jnp.ndarray, f32_out: bool = False, pair_kernel: bool = False,
+                          w_transposed: bool = False) -> jnp.ndarray:
     """``x [M,K] · w [K,N]`` with ``w`` cast to ``x``'s dtype, every product accumulated in float32; the result
     in ``x``'s dtype, or float32 with ``f32_out`` (logits for a softmax). ``pair_kernel``: a bf16 ``∂W`` of the
-    backward in `models.pair_matmul.weight_gradient` (``DecoderConfig.pair_kernels``)."""
-    y = _dot_f32(x, w.astype(x.dtype), _NN)
+    backward in `models.pair_matmul.weight_gradient` (``DecoderConfig.pair_kernels``). ``w_transposed``: ``w``
+    is stored ``[N, K]`` (a tied LM head's embedding): ``x · wᵀ``, and ``∂W = ∂yᵀ · x`` comes out ``[N, K]``, so
+    no transposed copy of a vocabulary-sized gradient is made."""
+    y = _dot_f32(x, w.astype(x.dtype), _NT if w_transposed else _NN)
     return y if f32_out else y.astype(x.dtype)
 
 
@@ -58,19 +60,22 @@ def padded_cpu_rows(m: int) -> int:
     return next((to for lo, hi, to in CPU_DOT_ROW_PADDING if lo <= m <= hi), m)
 
 
-def _forward(x: jnp.ndarray, w: jnp.ndarray, f32_out: bool,
-             pair_kernel: bool) -> tuple[jnp.ndarray, tuple[jnp.ndarray, jnp.ndarray]]:
-    return matmul_f32_accumulate(x, w, f32_out, pair_kernel), (x, w)
+def _forward(x: jnp.ndarray, w: jnp.ndarray, f32_out: bool, pair_kernel: bool,
+             w_transposed: bool) -> tuple[jnp.ndarray, tuple[jnp.ndarray, jnp.ndarray]]:
+    return matmul_f32_accumulate(x, w, f32_out, pair_kernel, w_transposed), (x, w)
 
 
-def _backward(f32_out: bool, pair_kernel: bool, saved: tuple[jnp.ndarray, jnp.ndarray],
+def _backward(f32_out: bool, pair_kernel: bool, w_transposed: bool, saved: tuple[jnp.ndarray, jnp.ndarray],
               dy: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
     x, w = saved
     # f32 logits keep an f32 cotangent: softmax − one-hot rounded to bf16 moved the tiny model's gradient norm
     # by 10% (tests/test_workers_mixed_precision.py); elsewhere the cotangent is in the compute dtype already.
+    # (A float32 ``w`` then meets it unrounded: the LM head's master weights, `forward.lm_head_weight`.)
     ct = jnp.float32 if f32_out else x.dtype
     dy = dy.astype(ct)
-    dx = _dot_f32(dy, w.astype(ct), _NT).astype(x.dtype)
+    dx = _dot_f32(dy, w.astype(ct), _NN if w_transposed else _NT).astype(x.dtype)
+    if w_transposed:  # ∂Wᵀ [N, K] = ∂yᵀ · x
+        return dx, jax.lax.dot_general(dy, x.astype(ct), _TN, preferred_element_type=jnp.float32).astype(w.dtype)
     if pair_kernel and ct == jnp.bfloat16:  # XLA:CPU would run this dot in float32 (`models.pair_matmul`)
         return dx, pair_matmul.weight_gradient(x, dy).astype(w.dtype)
     dw = jax.lax.dot_general(x.astype(ct), dy, _TN, preferred_element_type=jnp.float32).astype(w.dtype)

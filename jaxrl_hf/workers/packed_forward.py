@@ -16,10 +16,9 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 import jax
-import jax.numpy as jnp
 
 from jaxrl_hf.models.config import DecoderConfig
-from jaxrl_hf.models.forward import hidden_states, lm_head_kernel
+from jaxrl_hf.models.forward import hidden_states, lm_head_weight
 from jaxrl_hf.models.logprobs import log_probs_and_entropy_from_hidden
 from jaxrl_hf.models.packed_attention import per_row_attention_pays
 from jaxrl_hf.models.value_head import value_forward
@@ -67,9 +66,9 @@ def packed_log_prob_fn(model_config: DecoderConfig, mesh: Any = None, rules: Any
     def fn(params: Any, micro: Mapping[str, Array], temperature: float) -> tuple[Array, Array]:
         hidden = hidden_states(params, packed_config(model_config, micro), *_packed_inputs(micro), mesh, rules)
         h = gather_response_positions(hidden, response_slots(micro))
-        kernel = lm_head_kernel(params, model_config).astype(jnp.dtype(model_config.dtype))
-        return log_probs_and_entropy_from_hidden(h, kernel, micro["responses"], temperature, chunk_size, True,
-                                                 model_config.final_logit_softcapping)
+        weight, vocab_major = lm_head_weight(params, model_config)
+        return log_probs_and_entropy_from_hidden(h, weight, micro["responses"], temperature, chunk_size, True,
+                                                 model_config.final_logit_softcapping, vocab_major)
     return fn
 
 
