@@ -1,0 +1,127 @@
+"""The default DAPO run's actor update at two commits, side by side: the A/B for a change that has no switch.
+
+    python launch/bench/bench_update_commits.py --before REV [--after REV] [--pairs 3] [--calls 8]
+        [--prompt 64] [--response 32] [--json OUT]
+
+``--before`` (and ``--after``; default: this checkout as it is) are checked out into temporary git worktrees. Each
+pair runs one process per side, before then after, each timing ``--calls`` ``update_actor`` calls after a first
+(compiling) one. The update is the default run's: SmolLM2-135M's dimensions (random weights), bfloat16 compute over
+float32 master weights, layers unrolled, the shared prompt packed (``model.use_remove_padding``), one group of
+n = 4 samples per optimizer update and 4 updates a call, prompts of 48-58 tokens left-padded to ``--prompt``
+columns and responses of 4-28 tokens right-padded to ``--response``. The table gives each process's median and
+fastest call and the ratio before / after of each pair (> 1: after is faster), and the last call's ``pg_loss``.
+Processes, not threads: the two sides' modules cannot share one interpreter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+HERE = os.path.dirname(os.path.abspath(__file__))
+SMOLLM2_135M = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9,
+                    num_kv_heads=3, max_position_embeddings=2048, tie_word_embeddings=True)
+
+
+def time_updates(calls: int, prompt: int, response: int) -> dict:
+    """In the child: ``update_actor`` times of the tree on ``sys.path`` (its first call left out)."""
+    import time
+
+    import jax
+    import numpy as np
+    from _gpu_update import worker_config
+    from bench_shared_prompt import grouped_rows
+
+    from jaxrl_hf.controller import Batch
+    from jaxrl_hf.controller.worker import WorkerContext
+    from jaxrl_hf.workers import ActorRolloutRefWorker
+
+    config = worker_config({"model": SMOLLM2_135M, "rows": 16, "micro": 4, "prompt": prompt, "response": response},
+                           "bf16-auto-none", 963e9)
+    config["model"].update(scan_layers=False, use_remove_padding=True)
+    config["actor"].update(ppo_mini_batch_size=1, clip_ratio_low=0.2, clip_ratio_high=0.28, loss_agg_mode="token-mean")
+    config["rollout"]["n"] = 4
+    worker = ActorRolloutRefWorker._instantiate(WorkerContext("actor", "bench", 0, 1), (config, "actor_rollout"), {})
+    worker.init_model()
+    ids, mask, pos, valid = grouped_rows(4, 4, prompt, response, SMOLLM2_135M["vocab_size"], seed=1,
+                                         prompt_real=(48, min(58, prompt)), response_real=(4, min(28, response)))
+    advantages = np.random.default_rng(0).standard_normal((16, 1)).astype(np.float32) * valid
+    batch = Batch.from_dict({"input_ids": ids, "attention_mask": mask, "position_ids": pos,
+                             "responses": ids[:, prompt:], "response_mask": valid,
+                             "old_log_probs": np.full((16, response), -3.0, np.float32), "advantages": advantages},
+                            meta_info={"global_step": 0})
+    times, metrics = [], {}
+    for _ in range(calls + 1):
+        start = time.perf_counter()
+        metrics = worker.update_actor(batch).meta_info["metrics"]
+        jax.block_until_ready(worker.state)
+        times.append(time.perf_counter() - start)
+    return {"first_s": times[0], "calls_s": times[1:], "pg_loss": float(metrics["actor/pg_loss"])}
+
+
+def run_side(tree: str, args: argparse.Namespace) -> dict:
+    code = (f"import sys, json; sys.path[:0] = [{tree!r}, {HERE!r}]; import bench_update_commits as b; "
+            f"print('RESULT ' + json.dumps(b.time_updates({args.calls}, {args.prompt}, {args.response})))")
+    env = {**os.environ, "PYTHONPATH": tree}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tree, env=env, capture_output=True, text=True)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    if proc.returncode or not lines:
+        raise SystemExit(f"bench_update_commits: the run in {tree} failed (exit {proc.returncode}):\n"
+                         f"{proc.stderr[-3000:]}")
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def checkout(rev: str, where: str) -> str:
+    path = os.path.join(where, rev.replace("/", "_"))
+    proc = subprocess.run(["git", "-C", ROOT, "worktree", "add", "--detach", path, rev], capture_output=True,
+                          text=True)
+    if proc.returncode:
+        raise SystemExit(f"bench_update_commits: cannot check out {rev!r}: {proc.stderr.strip()}")
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--before", required=True, help="the baseline commit")
+    parser.add_argument("--after", default=None, help="the commit to compare (default: this checkout as it is)")
+    parser.add_argument("--pairs", type=int, default=3)
+    parser.add_argument("--calls", type=int, default=8)
+    parser.add_argument("--prompt", type=int, default=64)
+    parser.add_argument("--response", type=int, default=32)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="bench_commits_") as where:
+        trees = {"before": checkout(args.before, where),
+                 "after": checkout(args.after, where) if args.after else ROOT}
+        try:
+            rows = []
+            print(f"{'pair':>4} | {'before median s':>15} | {'before min s':>12} | {'after median s':>14} | "
+                  f"{'after min s':>11} | {'before / after':>14} | pg_loss before / after")
+            for pair in range(1, args.pairs + 1):
+                result = {side: run_side(tree, args) for side, tree in trees.items()}
+                med = {side: statistics.median(r["calls_s"]) for side, r in result.items()}
+                low = {side: min(r["calls_s"]) for side, r in result.items()}
+                rows.append({"pair": pair, **{f"{side}_{k}": v for side, r in result.items() for k, v in r.items()},
+                             "ratio_median": med["before"] / med["after"]})
+                print(f"{pair:>4} | {med['before']:>15.3f} | {low['before']:>12.3f} | {med['after']:>14.3f} | "
+                      f"{low['after']:>11.3f} | {med['before'] / med['after']:>13.3f}x | "
+                      f"{result['before']['pg_loss']:.6f} / {result['after']['pg_loss']:.6f}", flush=True)
+        finally:
+            for side, tree in trees.items():
+                if tree != ROOT:
+                    subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force", tree], capture_output=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"before": args.before, "after": args.after or "working tree", "args": vars(args),
+                       "pairs": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
