@@ -184,8 +184,8 @@ def test_lm_head_of_one_chunk_is_not_rematerialised_and_matches_the_chunked_one(
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_a_vocab_major_lm_head_gives_the_same_log_probs_and_gradients_without_a_transposed_gradient(dtype):
     """A tied LM head passed as the embedding ``[V, E]`` (``vocab_major``) equals the ``[E, V]`` kernel: log-probs,
-    entropy and both gradients (float64 reference of the bf16 path's float32 sums); its bf16 gradient program
-    has no transpose of a vocabulary-sized array."""
+    entropy and both gradients (float32: to rounding; bf16: to bf16 rounding of the weight gradient); its bf16
+    gradient program never holds the ``[E, V]`` float32 gradient (the old form does: checked by hand)."""
     rng = np.random.default_rng(5)
     hidden = jnp.asarray(rng.normal(size=(2, 5, 16)), dtype)
     embedding = jnp.asarray(rng.normal(size=(1031, 16)) * 0.3, dtype)  # V > 1024: XLA:CPU's slow-row padding too

@@ -70,7 +70,6 @@ def _backward(f32_out: bool, pair_kernel: bool, w_transposed: bool, saved: tuple
     x, w = saved
     # f32 logits keep an f32 cotangent: softmax − one-hot rounded to bf16 moved the tiny model's gradient norm
     # by 10% (tests/test_workers_mixed_precision.py); elsewhere the cotangent is in the compute dtype already.
-    # (A float32 ``w`` then meets it unrounded: the LM head's master weights, `forward.lm_head_weight`.)
     ct = jnp.float32 if f32_out else x.dtype
     dy = dy.astype(ct)
     dx = _dot_f32(dy, w.astype(ct), _NN if w_transposed else _NT).astype(x.dtype)
