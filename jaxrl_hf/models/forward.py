@@ -159,13 +159,24 @@ def lm_head_kernel(params: Params, config: DecoderConfig) -> jnp.ndarray:
 
 
 def lm_head_weight(params: Params, config: DecoderConfig) -> tuple[jnp.ndarray, bool]:
-    """``(weight, vocab_major)``: the output projection in the compute dtype as `log_probs_and_entropy_from_hidden`
-    takes it. A tied embedding stays ``[vocab, embed]`` as stored (``vocab_major``), so its gradient is computed in
-    that layout rather than transposed from ``[embed, vocab]`` (a copy of the vocabulary-sized gradient)."""
-    dtype = jnp.dtype(config.dtype)
+    """``(weight, vocab_major)``: the output projection as stored, as `log_probs_and_entropy_from_hidden` takes
+    it. A tied embedding stays ``[vocab, embed]`` (``vocab_major``), so its gradient is computed in that layout
+    rather than transposed from ``[embed, vocab]`` (a copy of the vocabulary-sized gradient). The weight is not
+    cast here: the product casts it to the compute dtype, so its gradient comes out in the stored dtype (the
+    float32 master weights: no bf16 rounding, no casts of a vocabulary-sized array back and forth)."""
     if config.tie_word_embeddings:
-        return params["model"]["embed_tokens"]["embedding"].astype(dtype), True
-    return params["lm_head"]["kernel"].astype(dtype), False
+        return params["model"]["embed_tokens"]["embedding"], True
+    return params["lm_head"]["kernel"], False
+
+
+def lm_head_log_probs(params: Params, config: DecoderConfig, hidden: jnp.ndarray, targets: jnp.ndarray,
+                      temperature: float | jnp.ndarray = 1.0, chunk_size: int = 128,
+                      with_entropy: bool = True) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """``(log p(targets), entropy)`` ``[B, T]`` float32 of the model's LM head over ``hidden [B, T, E]``
+    (`log_probs_and_entropy_from_hidden` with `lm_head_weight` and the model's final logit soft-cap)."""
+    weight, vocab_major = lm_head_weight(params, config)
+    return log_probs_and_entropy_from_hidden(hidden, weight, targets, temperature, chunk_size, with_entropy,
+                                             config.final_logit_softcapping, vocab_major)
 
 
 def token_log_probs_and_entropy(params: Params, config: DecoderConfig, input_ids: jnp.ndarray,
@@ -180,9 +191,7 @@ def token_log_probs_and_entropy(params: Params, config: DecoderConfig, input_ids
     positions are meaningless and must be masked by the caller.
     """
     hidden = hidden_states(params, config, input_ids, attention_mask, positions, mesh, rules)
-    weight, vocab_major = lm_head_weight(params, config)
-    return log_probs_and_entropy_from_hidden(hidden, weight, targets, temperature, chunk_size, with_entropy,
-                                             config.final_logit_softcapping, vocab_major)
+    return lm_head_log_probs(params, config, hidden, targets, temperature, chunk_size, with_entropy)
 
 
 def next_token_targets(input_ids: jnp.ndarray, fill: int = 0) -> jnp.ndarray:

@@ -24,9 +24,8 @@ import jax.numpy as jnp
 from jaxrl_hf import algos
 from jaxrl_hf.config.schema import ActorConfig, CriticConfig
 from jaxrl_hf.models.config import DecoderConfig
-from jaxrl_hf.models.forward import hidden_states, lm_head_weight
+from jaxrl_hf.models.forward import hidden_states, lm_head_log_probs
 from jaxrl_hf.models.llama import constrain
-from jaxrl_hf.models.logprobs import log_probs_and_entropy_from_hidden
 from jaxrl_hf.models.value_head import value_forward
 
 Array = jax.Array
@@ -46,10 +45,8 @@ def response_log_probs(params: Any, config: DecoderConfig, input_ids: Array, att
     if prompt_len < 1:
         raise ValueError(f"input_ids width {input_ids.shape[1]} leaves no prompt before {response_length} response tokens")
     h = hidden[:, prompt_len - 1:-1]
-    weight, vocab_major = lm_head_weight(params, config)
-    log_prob, entropy = log_probs_and_entropy_from_hidden(h, weight, input_ids[:, prompt_len:], temperature,
-                                                          chunk_size, with_entropy, config.final_logit_softcapping,
-                                                          vocab_major)
+    log_prob, entropy = lm_head_log_probs(params, config, h, input_ids[:, prompt_len:], temperature, chunk_size,
+                                          with_entropy)
     return whole_rows(log_prob, mesh, rules), whole_rows(entropy, mesh, rules)
 
 

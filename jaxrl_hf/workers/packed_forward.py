@@ -18,8 +18,7 @@ from typing import Any, Mapping
 import jax
 
 from jaxrl_hf.models.config import DecoderConfig
-from jaxrl_hf.models.forward import hidden_states, lm_head_weight
-from jaxrl_hf.models.logprobs import log_probs_and_entropy_from_hidden
+from jaxrl_hf.models.forward import hidden_states, lm_head_log_probs
 from jaxrl_hf.models.packed_attention import per_row_attention_pays
 from jaxrl_hf.models.value_head import value_forward
 from jaxrl_hf.workers.losses import LogProbFn, ValueFn
@@ -66,9 +65,7 @@ def packed_log_prob_fn(model_config: DecoderConfig, mesh: Any = None, rules: Any
     def fn(params: Any, micro: Mapping[str, Array], temperature: float) -> tuple[Array, Array]:
         hidden = hidden_states(params, packed_config(model_config, micro), *_packed_inputs(micro), mesh, rules)
         h = gather_response_positions(hidden, response_slots(micro))
-        weight, vocab_major = lm_head_weight(params, model_config)
-        return log_probs_and_entropy_from_hidden(h, weight, micro["responses"], temperature, chunk_size, True,
-                                                 model_config.final_logit_softcapping, vocab_major)
+        return lm_head_log_probs(params, model_config, h, micro["responses"], temperature, chunk_size, True)
     return fn
 
 

@@ -34,9 +34,8 @@ import numpy as np
 
 from jaxrl_hf.models.attention import resolve_implementation
 from jaxrl_hf.models.config import DecoderConfig
-from jaxrl_hf.models.forward import lm_head_weight, make_module
+from jaxrl_hf.models.forward import lm_head_log_probs, make_module
 from jaxrl_hf.models.llama import CausalLM, kv_head_repeats
-from jaxrl_hf.models.logprobs import log_probs_and_entropy_from_hidden
 from jaxrl_hf.models.shared_prompt_attention import join_group_rows, repeat_per_sample, split_group_rows
 from jaxrl_hf.workers import group_packing
 from jaxrl_hf.workers.common import chunked_apply
@@ -91,10 +90,8 @@ def shared_prompt_log_probs(params: Any, config: DecoderConfig, input_ids: Array
     hidden, _ = module.apply({"params": params}, ids, positions, mask, method=CausalLM.hidden_states_and_new_kv)
     hidden_p, hidden_r = split_group_rows(hidden, layout)
     h = jnp.concatenate([repeat_per_sample(hidden_p[:, -1:], group), hidden_r[:, :-1]], axis=1)
-    weight, vocab_major = lm_head_weight(params, config)
-    log_prob, entropy = log_probs_and_entropy_from_hidden(h, weight, input_ids[:, prompt_len:], temperature,
-                                                          chunk_size, with_entropy, config.final_logit_softcapping,
-                                                          vocab_major)
+    log_prob, entropy = lm_head_log_probs(params, config, h, input_ids[:, prompt_len:], temperature, chunk_size,
+                                          with_entropy)
     return whole_rows(log_prob, mesh, rules), whole_rows(entropy, mesh, rules)
 
 
@@ -110,9 +107,7 @@ def packed_group_log_probs(params: Any, config: DecoderConfig, micro: Mapping[st
                              micro["group_segments"], method=CausalLM.hidden_states_and_new_kv)
     h = jnp.take_along_axis(hidden, micro["group_logit_index"][..., None], axis=1)  # [G, n·R, E], per group
     h = h.reshape(targets.shape[0], targets.shape[1], h.shape[-1])
-    weight, vocab_major = lm_head_weight(params, config)
-    log_prob, entropy = log_probs_and_entropy_from_hidden(h, weight, targets, temperature, chunk_size, with_entropy,
-                                                          config.final_logit_softcapping, vocab_major)
+    log_prob, entropy = lm_head_log_probs(params, config, h, targets, temperature, chunk_size, with_entropy)
     return whole_rows(log_prob, mesh, rules), whole_rows(entropy, mesh, rules)
 
 

@@ -76,9 +76,8 @@ def two_pass_log_probs(params, config, input_ids, attention_mask, position_ids, 
     with the prompt's keys/values as a KV cache of ``P`` slots; log-probs only."""
     import jax.numpy as jnp
 
-    from jaxrl_hf.models.forward import lm_head_weight, make_module
+    from jaxrl_hf.models.forward import lm_head_log_probs, make_module
     from jaxrl_hf.models.llama import CausalLM, init_kv_cache
-    from jaxrl_hf.models.logprobs import log_probs_and_entropy_from_hidden
     from jaxrl_hf.models.shared_prompt_attention import repeat_per_sample
 
     rows, width = input_ids.shape
@@ -93,8 +92,7 @@ def two_pass_log_probs(params, config, input_ids, attention_mask, position_ids, 
     hidden_r, _ = module.apply(variables, input_ids[:, prompt_len:], position_ids[:, prompt_len:], attention_mask,
                                cache, prompt_len, method=CausalLM.hidden_states_and_new_kv)
     h = jnp.concatenate([repeat_per_sample(hidden_p[:, -1:], group), hidden_r[:, :-1]], axis=1)
-    weight, vocab_major = lm_head_weight(params, config)
-    return log_probs_and_entropy_from_hidden(h, weight, input_ids[:, prompt_len:], 1.0, 128, True, None, vocab_major)
+    return lm_head_log_probs(params, config, h, input_ids[:, prompt_len:])
 
 
 FORMS = ("padded", "two_pass", "group_rows", "packed_rows")

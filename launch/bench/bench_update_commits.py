@@ -1,7 +1,7 @@
 """The default DAPO run's actor update at two commits, side by side: the A/B for a change that has no switch.
 
     python launch/bench/bench_update_commits.py --before REV [--after REV] [--pairs 3] [--calls 8]
-        [--prompt 64] [--response 32] [--json OUT]
+        [--prompt 64] [--response 32] [--groups-per-update 1] [--trace] [--json OUT]
 
 ``--before`` (and ``--after``; default: this checkout as it is) are checked out into temporary git worktrees. Each
 pair runs one process per side, before then after, each timing ``--calls`` ``update_actor`` calls after a first
@@ -11,6 +11,11 @@ n = 4 samples per optimizer update and 4 updates a call, prompts of 48-58 tokens
 columns and responses of 4-28 tokens right-padded to ``--response``. The table gives each process's median and
 fastest call and the ratio before / after of each pair (> 1: after is faster), and the last call's ``pg_loss``.
 Processes, not threads: the two sides' modules cannot share one interpreter.
+
+``--groups-per-update G``: G groups per optimizer update, all in one micro-batch (``actor.ppo_mini_batch_size`` G,
+``ppo_micro_batch_size_per_device`` 4·G), so 4 / G updates a call. ``--trace``: one more call per process under
+``jax.profiler``, its XLA op time summed by kind (`profile_update.device_op_times`); the table adds each side's op
+time, which a process's load shifts less than its wall time.
 """
 
 from __future__ import annotations
@@ -29,8 +34,10 @@ SMOLLM2_135M = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, n
                     num_kv_heads=3, max_position_embeddings=2048, tie_word_embeddings=True)
 
 
-def time_updates(calls: int, prompt: int, response: int) -> dict:
-    """In the child: ``update_actor`` times of the tree on ``sys.path`` (its first call left out)."""
+def time_updates(calls: int, prompt: int, response: int, groups_per_update: int = 1, trace: bool = False) -> dict:
+    """In the child: ``update_actor`` times of the tree on ``sys.path`` (its first call left out); with ``trace``,
+    one more call's XLA op time in all and by kind."""
+    import collections
     import time
 
     import jax
@@ -42,10 +49,12 @@ def time_updates(calls: int, prompt: int, response: int) -> dict:
     from jaxrl_hf.controller.worker import WorkerContext
     from jaxrl_hf.workers import ActorRolloutRefWorker
 
-    config = worker_config({"model": SMOLLM2_135M, "rows": 16, "micro": 4, "prompt": prompt, "response": response},
-                           "bf16-auto-none", 963e9)
+    from profile_update import device_op_times, kind_of
+
+    config = worker_config({"model": SMOLLM2_135M, "rows": 16, "micro": 4 * groups_per_update, "prompt": prompt,
+                            "response": response}, "bf16-auto-none", 963e9)
     config["model"].update(scan_layers=False, use_remove_padding=True)
-    config["actor"].update(ppo_mini_batch_size=1, clip_ratio_low=0.2, clip_ratio_high=0.28, loss_agg_mode="token-mean")
+    config["actor"].update(ppo_mini_batch_size=groups_per_update, clip_ratio_low=0.2, clip_ratio_high=0.28, loss_agg_mode="token-mean")
     config["rollout"]["n"] = 4
     worker = ActorRolloutRefWorker._instantiate(WorkerContext("actor", "bench", 0, 1), (config, "actor_rollout"), {})
     worker.init_model()
@@ -62,12 +71,25 @@ def time_updates(calls: int, prompt: int, response: int) -> dict:
         metrics = worker.update_actor(batch).meta_info["metrics"]
         jax.block_until_ready(worker.state)
         times.append(time.perf_counter() - start)
-    return {"first_s": times[0], "calls_s": times[1:], "pg_loss": float(metrics["actor/pg_loss"])}
+    out = {"first_s": times[0], "calls_s": times[1:], "pg_loss": float(metrics["actor/pg_loss"])}
+    if trace:
+        with tempfile.TemporaryDirectory(prefix="bench_commits_trace_") as where:
+            jax.profiler.start_trace(where)
+            worker.update_actor(batch)
+            jax.block_until_ready(worker.state)
+            jax.profiler.stop_trace()
+            ops = device_op_times(where)
+        kinds = collections.Counter()
+        for name, (micros, _) in ops.items():
+            kinds[kind_of(name)] += micros / 1e6
+        out.update(op_s=sum(kinds.values()), op_s_by_kind=dict(kinds))
+    return out
 
 
 def run_side(tree: str, args: argparse.Namespace) -> dict:
     code = (f"import sys, json; sys.path[:0] = [{tree!r}, {HERE!r}]; import bench_update_commits as b; "
-            f"print('RESULT ' + json.dumps(b.time_updates({args.calls}, {args.prompt}, {args.response})))")
+            f"print('RESULT ' + json.dumps(b.time_updates({args.calls}, {args.prompt}, {args.response}, "
+            f"{args.groups_per_update}, {args.trace})))")
     env = {**os.environ, "PYTHONPATH": tree}
     proc = subprocess.run([sys.executable, "-c", code], cwd=tree, env=env, capture_output=True, text=True)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
@@ -94,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=8)
     parser.add_argument("--prompt", type=int, default=64)
     parser.add_argument("--response", type=int, default=32)
+    parser.add_argument("--groups-per-update", type=int, default=1, choices=(1, 2, 4))
+    parser.add_argument("--trace", action="store_true", help="also each side's XLA op time of one traced call")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="bench_commits_") as where:
@@ -101,8 +125,9 @@ def main(argv: list[str] | None = None) -> int:
                  "after": checkout(args.after, where) if args.after else ROOT}
         try:
             rows = []
+            ops = " | op s before | op s after" if args.trace else ""
             print(f"{'pair':>4} | {'before median s':>15} | {'before min s':>12} | {'after median s':>14} | "
-                  f"{'after min s':>11} | {'before / after':>14} | pg_loss before / after")
+                  f"{'after min s':>11} | {'before / after':>14} | pg_loss before / after{ops}")
             for pair in range(1, args.pairs + 1):
                 result = {side: run_side(tree, args) for side, tree in trees.items()}
                 med = {side: statistics.median(r["calls_s"]) for side, r in result.items()}
@@ -111,7 +136,9 @@ def main(argv: list[str] | None = None) -> int:
                              "ratio_median": med["before"] / med["after"]})
                 print(f"{pair:>4} | {med['before']:>15.3f} | {low['before']:>12.3f} | {med['after']:>14.3f} | "
                       f"{low['after']:>11.3f} | {med['before'] / med['after']:>13.3f}x | "
-                      f"{result['before']['pg_loss']:.6f} / {result['after']['pg_loss']:.6f}", flush=True)
+                      f"{result['before']['pg_loss']:.6f} / {result['after']['pg_loss']:.6f}"
+                      + (f" | {result['before']['op_s']:11.3f} | {result['after']['op_s']:10.3f}" if args.trace else ""),
+                      flush=True)
         finally:
             for side, tree in trees.items():
                 if tree != ROOT:
