@@ -30,8 +30,6 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HERE = os.path.dirname(os.path.abspath(__file__))
-SMOLLM2_135M = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9,
-                    num_kv_heads=3, max_position_embeddings=2048, tie_word_embeddings=True)
 
 
 def time_updates(calls: int, prompt: int, response: int, groups_per_update: int = 1, trace: bool = False) -> dict:
@@ -41,30 +39,11 @@ def time_updates(calls: int, prompt: int, response: int, groups_per_update: int 
     import time
 
     import jax
-    import numpy as np
-    from _gpu_update import worker_config
-    from bench_shared_prompt import grouped_rows
-
-    from jaxrl_hf.controller import Batch
-    from jaxrl_hf.controller.worker import WorkerContext
-    from jaxrl_hf.workers import ActorRolloutRefWorker
-
+    from _default_update import update_batch, update_worker
     from profile_update import device_op_times, kind_of
 
-    config = worker_config({"model": SMOLLM2_135M, "rows": 16, "micro": 4 * groups_per_update, "prompt": prompt,
-                            "response": response}, "bf16-auto-none", 963e9)
-    config["model"].update(scan_layers=False, use_remove_padding=True)
-    config["actor"].update(ppo_mini_batch_size=groups_per_update, clip_ratio_low=0.2, clip_ratio_high=0.28, loss_agg_mode="token-mean")
-    config["rollout"]["n"] = 4
-    worker = ActorRolloutRefWorker._instantiate(WorkerContext("actor", "bench", 0, 1), (config, "actor_rollout"), {})
-    worker.init_model()
-    ids, mask, pos, valid = grouped_rows(4, 4, prompt, response, SMOLLM2_135M["vocab_size"], seed=1,
-                                         prompt_real=(48, min(58, prompt)), response_real=(4, min(28, response)))
-    advantages = np.random.default_rng(0).standard_normal((16, 1)).astype(np.float32) * valid
-    batch = Batch.from_dict({"input_ids": ids, "attention_mask": mask, "position_ids": pos,
-                             "responses": ids[:, prompt:], "response_mask": valid,
-                             "old_log_probs": np.full((16, response), -3.0, np.float32), "advantages": advantages},
-                            meta_info={"global_step": 0})
+    worker, _ = update_worker(prompt, response, groups_per_update, peak=963e9)
+    batch = update_batch(prompt, response)
     times, metrics = [], {}
     for _ in range(calls + 1):
         start = time.perf_counter()
