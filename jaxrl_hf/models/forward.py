@@ -163,7 +163,8 @@ def lm_head_weight(params: Params, config: DecoderConfig) -> tuple[jnp.ndarray, 
     it. A tied embedding stays ``[vocab, embed]`` (``vocab_major``), so its gradient is computed in that layout
     rather than transposed from ``[embed, vocab]`` (a copy of the vocabulary-sized gradient). The weight is not
     cast here: the product casts it to the compute dtype, so its gradient comes out in the stored dtype (the
-    float32 master weights: no bf16 rounding, no casts of a vocabulary-sized array back and forth)."""
+    float32 master weights: no bf16 rounding, no casts of a vocabulary-sized array back and forth). The price: a
+    sequence of several LM-head chunks casts the weight once per chunk in the backward (one chunk: once)."""
     if config.tie_word_embeddings:
         return params["model"]["embed_tokens"]["embedding"], True
     return params["lm_head"]["kernel"], False
