@@ -33,8 +33,17 @@ def test_a_group_row_holds_the_prompt_then_each_sample_and_names_the_predicting_
     np.testing.assert_array_equal(out["group_input_ids"], [[11, 12, 21, 22, 31, 0, 0, 0]])
     np.testing.assert_array_equal(out["group_segments"], [[1, 1, 2, 2, 3, 0, 0, 0]])
     np.testing.assert_array_equal(out["group_position_ids"], [[0, 1, 2, 3, 2, 0, 0, 0]])
-    # sample 1: y0 from the prompt's last token (1), y1 from y0 (2), padding -> 1; sample 2: y0 from 1
-    np.testing.assert_array_equal(out["group_logit_index"], [[1, 2, 1, 1, 1, 1]])
+    # the real response tokens only: sample 1's y0 from the prompt's last token (1), y1 from y0 (2); sample 2's
+    # y0 from 1; S = 6 slots (at most n·R), the unused ones 0; a padding column's slot is S
+    np.testing.assert_array_equal(out["group_logit_index"], [[1, 2, 1, 0, 0, 0]])
+    np.testing.assert_array_equal(out["group_score_targets"], [[21, 22, 31, 0, 0, 0]])
+    np.testing.assert_array_equal(out["group_score_slot"], [[0, 1, 6, 2, 6, 6]])
+    arrays = {"input_ids": ids, "attention_mask": mask, "position_ids": positions}
+    tight = group_packing.pack_group_rows(arrays, 3, 2, 8, scored=3)
+    np.testing.assert_array_equal(tight["group_logit_index"], [[1, 2, 1]])
+    np.testing.assert_array_equal(tight["group_score_slot"], [[0, 1, 3, 2, 3, 3]])
+    with pytest.raises(ValueError, match="group 0 has more than 2 response tokens to score"):
+        group_packing.pack_group_rows(arrays, 3, 2, 8, scored=2)
     assert group_packing.token_counts(out) == (5, 8)
     with pytest.raises(ValueError, match="group 0 holds 5 tokens, more than the packed length 4"):
         packed(ids, mask, positions, 3, 2, length=4)
@@ -55,6 +64,10 @@ def test_packable_rows_and_their_length():
     assert group_packing.group_row_length(rows_of(50, [30, 30, 30, 30]), 32, 4) == 192  # 170: the padded row
     two = np.concatenate([rows_of(50, [10, 10, 10, 10]), rows_of(60, [32, 2, 2, 2])])
     assert group_packing.group_row_length(two, 32, 4) == 128  # the longer group (98)
+    # the LM head's slots per group: the largest group's response tokens, at most n·R
+    assert group_packing.group_scored_length(rows_of(50, [10, 10, 10, 10]), 32, 4) == 64  # 40 tokens
+    assert group_packing.group_scored_length(two, 32, 4) == 64  # 40 and 38
+    assert group_packing.group_scored_length(rows_of(50, [30, 30, 30, 30]), 32, 4) == 128  # 120: all n·R
     ids, mask, _, _ = grouped_rows(3, 2, 8, 6, 97, seed=4)
     assert group_packing.packable(mask, 6)
     holed = mask.copy()

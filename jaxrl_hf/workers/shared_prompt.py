@@ -99,16 +99,21 @@ def packed_group_log_probs(params: Any, config: DecoderConfig, micro: Mapping[st
                            temperature: float = 1.0, with_entropy: bool = True, chunk_size: int = 128,
                            mesh: Any = None, rules: Any = None) -> tuple[Array, Array]:
     """`shared_prompt_log_probs` over packed group rows (`jaxrl_hf.workers.group_packing`: ``group_*`` arrays and
-    ``responses [G·n, R]``): the decoder over ``[G, T]`` real tokens under `shared_prefix_attention`'s mask, then
-    the LM head on the hidden state ``group_logit_index`` names for each response column."""
-    targets = micro["responses"]
+    ``responses [G·n, R]``): the decoder over ``[G, T]`` real tokens under `shared_prefix_attention`'s mask, the LM
+    head on the ``S`` hidden states ``group_logit_index`` names (the real response tokens), and each response
+    column's output from its ``group_score_slot`` (0 for a padding column)."""
+    rows, width = micro["responses"].shape
     module = make_module(config.replace(shared_prompt=(), packed_rows=(), shared_prefix=True), mesh, rules)
     hidden, _ = module.apply({"params": params}, micro["group_input_ids"], micro["group_position_ids"],
                              micro["group_segments"], method=CausalLM.hidden_states_and_new_kv)
-    h = jnp.take_along_axis(hidden, micro["group_logit_index"][..., None], axis=1)  # [G, n·R, E], per group
-    h = h.reshape(targets.shape[0], targets.shape[1], h.shape[-1])
-    log_prob, entropy = lm_head_log_probs(params, config, h, targets, temperature, chunk_size, with_entropy)
-    return whole_rows(log_prob, mesh, rules), whole_rows(entropy, mesh, rules)
+    h = jnp.take_along_axis(hidden, micro["group_logit_index"][..., None], axis=1)  # [G, S, E], per group
+    scored = lm_head_log_probs(params, config, h, micro["group_score_targets"], temperature, chunk_size,
+                               with_entropy)
+
+    def per_column(x: Array) -> Array:  # [G, S] -> [G·n, R]: a zero slot appended for the padding columns
+        x = jnp.concatenate([x, jnp.zeros_like(x[:, :1])], axis=1)
+        return whole_rows(jnp.take_along_axis(x, micro["group_score_slot"], axis=1).reshape(rows, width), mesh, rules)
+    return per_column(scored[0]), per_column(scored[1])
 
 
 def shared_prompt_log_prob_fn(model_config: DecoderConfig, group: int, mesh: Any = None, rules: Any = None,
