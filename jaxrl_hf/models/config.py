@@ -55,7 +55,10 @@ class DecoderConfig:
     (`jaxrl_hf.models.shared_prompt_attention`); set by the actor's shared-prompt forward. ``shared_prefix``: each
     row packs one prompt (segment 1) and its samples (segments 2, 3, ...) without padding, a token seeing its own
     segment causally and all of segment 1 before it (`shared_prompt_attention.shared_prefix_attention`); set by the
-    actor's packed shared-prompt forward.
+    actor's packed shared-prompt forward. ``shared_prefix_groups = (k, T, s)`` (with ``shared_prefix``): each row
+    packs up to ``k`` such groups one after another, group ``j``'s prompt as segment ``j·s + 1`` and its samples
+    ``j·s + 2 .. j·s + s``, each group one run of at most ``T`` tokens; attention runs one group at a time
+    (`shared_prompt_attention.grouped_prefix_attention`).
     ``cpu_kernels`` (float32 only; set by the CPU generation program, `layer_unrolled.cpu_kernel_module`): every
     projection kernel holds its ``[fan_in, fan_out]`` matrix in panel order, applied by `models.panel_matmul`, and
     attention over a stored cache runs in `models.cpu_kernels.cache_attention`. ``pair_kernels`` (bfloat16 only;
@@ -98,6 +101,7 @@ class DecoderConfig:
     packed_rows: tuple[int, ...] = ()
     shared_prompt: tuple[int, ...] = ()
     shared_prefix: bool = False
+    shared_prefix_groups: tuple[int, ...] = ()
     cpu_kernels: bool = False
     pair_kernels: bool = False
 
@@ -147,6 +151,10 @@ class DecoderConfig:
         if self.shared_prefix and (self.shared_prompt or self.packed_rows):
             raise ValueError("DecoderConfig.shared_prefix is a layout of a row, as shared_prompt and packed_rows are; "
                              "set one")
+        if self.shared_prefix_groups and (not self.shared_prefix or len(self.shared_prefix_groups) != 3 or any(
+                not isinstance(n, int) or isinstance(n, bool) or n < 1 for n in self.shared_prefix_groups)):
+            raise ValueError(f"DecoderConfig.shared_prefix_groups={self.shared_prefix_groups!r} must be () or, with "
+                             "shared_prefix, (groups per row, longest group, segments per group), three positive ints")
         if self.cpu_kernels and self.dtype != "float32":
             raise ValueError(f"DecoderConfig.cpu_kernels needs dtype float32, got {self.dtype!r}")
         if self.pair_kernels and self.dtype != "bfloat16":

@@ -47,10 +47,12 @@ def _move_rows_bwd(saved, dy):  # noqa: ANN001, ANN202
 _move_rows.defvjp(_move_rows_fwd, _move_rows_bwd)
 
 
-def per_row_attention(q: Array, k: Array, v: Array, segments: Array, rows: int, width: int, attend: Any) -> Array:
+def per_row_attention(q: Array, k: Array, v: Array, segments: Array, rows: int, width: int, attend: Any,
+                      *carried: Array) -> Array:
     """Self-attention of packed sequences one row at a time: every row (segment ``s``, `packed_row_slots`) is
-    moved into a ``[B·rows, width]`` slot of its own, left-aligned, ``attend(q, k, v, segments)`` runs there,
-    and each token's output is moved back to its packed position (`_move_rows`, gathers both ways). The result
+    moved into a ``[B·rows, width]`` slot of its own, left-aligned, ``attend(q, k, v, segments, *carried)`` runs
+    there (``carried``: integer ``[B, L]`` arrays, e.g. positions, moved alongside; 0 in empty slots), and each
+    token's output is moved back to its packed position (`_move_rows`, gathers both ways). The result
     equals attention over the packed sequence (a token sees only its own row, causally, at the same distances)
     for ``(rows / L²)·width²`` of its score count: packing then costs what the padded rows cost in attention, and
     `cudnn_attention` can take packed rows (each slot is one run from 0). Tokens of segments above ``rows`` or
@@ -67,7 +69,9 @@ def per_row_attention(q: Array, k: Array, v: Array, segments: Array, rows: int, 
     token_index = row * width + jnp.clip(offset, 0, width - 1)
     unpack = lambda x: _move_rows(x, slot_index, slot_valid, token_index, token_valid).reshape(  # noqa: E731
         b * rows, width, *x.shape[2:])
-    out = attend(unpack(q), unpack(k), unpack(v), slot_valid.reshape(b * rows, width).astype(jnp.int32))
+    moved = [jnp.where(slot_valid, jnp.take_along_axis(x, slot_index, axis=1), 0).reshape(b * rows, width)
+             for x in carried]
+    out = attend(unpack(q), unpack(k), unpack(v), slot_valid.reshape(b * rows, width).astype(jnp.int32), *moved)
     return _move_rows(out.reshape(b, rows * width, *q.shape[2:]), token_index, token_valid, slot_index, slot_valid)
 
 

@@ -21,7 +21,10 @@ Without padding (``DecoderConfig.shared_prefix``, `jaxrl_hf.workers.group_packin
     [ prompt's tokens (segment 1) | sample 1's tokens (segment 2) | ... | sample n's (segment n + 1) | padding (0) ]
 
 and `shared_prefix_attention` lets each token see the earlier tokens of its own segment and all of segment 1:
-the same keys again, now at ``p + Σ r_i`` positions instead of ``P + n·R``.
+the same keys again, now at ``p + Σ r_i`` positions instead of ``P + n·R``. A row may pack several such groups
+(``DecoderConfig.shared_prefix_groups``, group ``j``'s segments offset by ``j·s``): the projections then see one
+row of ``Σ_j (p_j + Σ r_ji)`` tokens instead of each group padded to the longest, and `grouped_prefix_attention`
+runs the attention above one group at a time, in slots of the longest group's length.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from typing import Any, Callable
 import jax.numpy as jnp
 
 from jaxrl_hf.models.attention import cached_attention, masked_attention
+from jaxrl_hf.models.packed_attention import per_row_attention
 
 Array = jnp.ndarray
 
@@ -90,8 +94,28 @@ def shared_prefix_mask(segments: Array, positions: Array, window: Any = None) ->
 
 
 def shared_prefix_attention(q: Array, k: Array, v: Array, segments: Array, positions: Array, scale: float,
-                            window: Any = None, softcap: float | None = None) -> Array:
+                            window: Any = None, softcap: float | None = None, groups: tuple[int, ...] = ()) -> Array:
     """Eager attention (Vaswani et al. 2017, eq. 1) under `shared_prefix_mask`: ``softmax(where(mask,
     soft_cap(q kᵀ · scale), -inf)) v`` with ``q [B, T, kv_heads, groups, head_dim]``, ``k, v [B, T, kv_heads,
-    head_dim]``, ``segments`` / ``positions [B, T]``. A padding query gets the mean of ``v`` (no key seen)."""
+    head_dim]``, ``segments`` / ``positions [B, T]``. A padding query gets the mean of ``v`` (no key seen).
+    ``groups``: ``DecoderConfig.shared_prefix_groups`` (`grouped_prefix_attention`), if set."""
+    if groups:
+        return grouped_prefix_attention(q, k, v, segments, positions, *groups, scale, window, softcap)
     return masked_attention(q, k, v, shared_prefix_mask(segments, positions, window), scale, softcap)
+
+
+def grouped_prefix_attention(q: Array, k: Array, v: Array, segments: Array, positions: Array, groups: int,
+                             width: int, stride: int, scale: float, window: Any = None,
+                             softcap: float | None = None) -> Array:
+    """`shared_prefix_attention` of rows packing up to ``groups`` groups, group ``j`` holding segments
+    ``j·stride + 1`` (its prompt) .. ``j·stride + stride`` in one run of at most ``width`` tokens: each group is
+    moved into a ``width`` slot of its own with its segments renumbered from 1 (`packed_attention.
+    per_row_attention`), attends there and its outputs move back. The same result as one mask over the whole row
+    (a token sees only its own group's prompt and segment) for ``groups · width²`` scores instead of ``L²``."""
+    seg = segments.astype(jnp.int32)
+    group_of = jnp.where(seg > 0, (seg - 1) // stride + 1, 0)
+    local = jnp.where(seg > 0, (seg - 1) % stride + 1, 0)
+
+    def attend(qs: Array, ks: Array, vs: Array, _valid: Array, local_s: Array, positions_s: Array) -> Array:
+        return shared_prefix_attention(qs, ks, vs, local_s, positions_s, scale, window, softcap)
+    return per_row_attention(q, k, v, group_of, groups, width, attend, local, positions.astype(jnp.int32))

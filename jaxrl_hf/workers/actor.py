@@ -391,7 +391,9 @@ class ActorRolloutRefWorker(Worker):
         packed = shared and self.shared_prompt.packs(arrays)
         for micro in iterate_minibatches(arrays, plan, seed):
             if packed:  # one packed row per group (group_packing)
-                micro = pack_micro_stack(micro, np.shape(arrays["responses"])[1], self.shared_prompt.group)
+                devices = self.dp_devices // self.dp_processes
+                micro = pack_micro_stack(micro, np.shape(arrays["responses"])[1], self.shared_prompt.group,
+                                         self.shared_prompt.groups_per_row(np.shape(micro["attention_mask"])[1], devices))
                 update.count_tokens(*group_token_counts(micro))
             elif not shared:
                 micro = update.update_micro_batches(micro, self.dp_devices // self.dp_processes)  # by tokens/packed

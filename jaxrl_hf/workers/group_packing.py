@@ -2,20 +2,27 @@
 with ``model.use_remove_padding``).
 
 A rollout's rows come in groups of ``n`` samples of one prompt, each row ``[prompt (P, left-padded) | response
-(R, right-padded)]``. `pack_group_rows` lays each group out as one row of real tokens only:
+(R, right-padded)]``. `pack_group_rows` lays each group out as one run of real tokens only:
 
-    tokens:      [prompt's p tokens | sample 1's r_1 tokens | ... | sample n's r_n tokens | padding]   [G, T]
-    segments:    [1 ... 1           | 2 ... 2               | ... | n + 1 ...             | 0 ...  ]
+    tokens:      [prompt's p tokens | sample 1's r_1 tokens | ... | sample n's r_n tokens]
+    segments:    [1 ... 1           | 2 ... 2               | ... | n + 1 ...            ]
     positions:   the rollout's ``position_ids`` of each token (a sample's continue its prompt's)
 
-with ``T`` = `packing.static_length` of the longest group's ``p + Σ r_i``, at most ``P + n·R`` (the padded group
-row), so a varying load reuses a few compiled programs. The LM head scores the real response tokens only, ``S``
-slots a group (`packing.static_length` of the largest group's ``Σ r_i``, at most ``n·R``; the padded columns were
-about half of the ``n·R`` at the default run's lengths, and the LM head is a fifth of SmolLM2-135M's FLOPs):
+and puts ``k`` consecutive groups' runs one after another in a row of ``L`` tokens (``[G / k, L]``, padding: segment
+0), group ``j`` of a row with its segments offset by ``j·(n + 1)`` (``DecoderConfig.shared_prefix_groups``). With
+``k`` = 1 a row is one group and ``L = T``, `packing.static_length` of the longest group's ``p + Σ r_i``, at most
+``P + n·R`` (the padded group row); with ``k`` > 1, ``L`` is that of the fullest row's, and the rows no longer pad
+every group to the longest (the default run's two groups an update: ~85% -> ~93% real positions). Either way a
+varying load reuses a few compiled programs. ``group_windows [G, T]`` lists each group's positions in its row (0
+past its run): attention runs one group at a time in slots of ``T``. The LM head scores the real response tokens
+only, ``S`` slots a group (`packing.static_length` of the largest group's ``Σ r_i``, at most ``n·R``; the padded
+columns were about half of the ``n·R`` at the default run's lengths, and the LM head is a fifth of SmolLM2-135M's
+FLOPs):
 
-    group_logit_index [G, S]:    the packed position predicting each scored token: the prompt's last token for a
-                                 sample's first, the sample's previous token after it (the padded forward's hidden
-                                 state at column ``P + t - 1``); 0 in a group's unused slots
+    group_logit_index [G, S]:    where in its run (a ``group_windows`` column) the hidden state predicting each
+                                 scored token is: the prompt's last token for a sample's first, the sample's
+                                 previous token after it (the padded forward's hidden state at column
+                                 ``P + t - 1``); 0 in a group's unused slots
     group_score_targets [G, S]:  the scored token (0 in unused slots)
     group_score_slot [G, n·R]:   each response column's slot, ``S`` for a padding column (its output is 0, and every
                                  caller masks it)
@@ -36,7 +43,7 @@ from jaxrl_hf.workers import packing
 from jaxrl_hf.workers.token_batches import agree_max
 
 GROUP_KEYS = ("group_input_ids", "group_position_ids", "group_segments", "group_logit_index", "group_score_targets",
-              "group_score_slot")
+              "group_score_slot", "group_windows")
 """The arrays `pack_group_rows` adds to a micro-batch (they replace its ``input_ids`` / ``attention_mask`` /
 ``position_ids``)."""
 
@@ -52,16 +59,29 @@ def packable(attention_mask: np.ndarray, response_length: int) -> bool:
     return bool((mask[:, prompt_len - 1] != 0).all() and (response[:, :-1] >= response[:, 1:]).all())
 
 
-def group_row_length(attention_mask: np.ndarray, response_length: int, group: int) -> int:
-    """``T`` of the packed group rows of ``attention_mask``'s rows (module docstring), the largest over the JAX
-    processes (all of them call it in lockstep, once per micro-batch stack or chunk)."""
+def group_lengths(attention_mask: np.ndarray, response_length: int, group: int) -> np.ndarray:
+    """Real tokens ``p + Σ r_i`` of each group of ``group`` rows ``[G]``."""
     mask = np.asarray(attention_mask) != 0
     rows, width = mask.shape
     prompt_len = width - int(response_length)
     prompts = mask[::group, :prompt_len].sum(axis=1)
-    responses = mask[:, prompt_len:].sum(axis=1).reshape(rows // group, group).sum(axis=1)
-    length = packing.static_length(int((prompts + responses).max()), prompt_len + group * int(response_length))
+    return prompts + mask[:, prompt_len:].sum(axis=1).reshape(rows // group, group).sum(axis=1)
+
+
+def group_row_length(attention_mask: np.ndarray, response_length: int, group: int) -> int:
+    """``T`` of the packed group rows of ``attention_mask``'s rows (module docstring), the largest over the JAX
+    processes (all of them call it in lockstep, once per micro-batch stack or chunk)."""
+    cap = np.shape(attention_mask)[1] + (group - 1) * int(response_length)
+    length = packing.static_length(int(group_lengths(attention_mask, response_length, group).max()), cap)
     return agree_max(length)[0]  # every process runs the same program
+
+
+def packed_row_length(attention_mask: np.ndarray, response_length: int, group: int, per_row: int) -> int:
+    """``L`` of rows packing ``per_row`` consecutive groups each (`packing.static_length` of the fullest row), the
+    largest over the JAX processes (in lockstep, as `group_row_length`)."""
+    loads = group_lengths(attention_mask, response_length, group).reshape(-1, per_row).sum(axis=1)
+    cap = per_row * (np.shape(attention_mask)[1] + (group - 1) * int(response_length))
+    return agree_max(packing.static_length(int(loads.max()), cap))[0]
 
 
 def group_scored_length(attention_mask: np.ndarray, response_length: int, group: int) -> int:
@@ -74,20 +94,30 @@ def group_scored_length(attention_mask: np.ndarray, response_length: int, group:
 
 
 def pack_group_rows(arrays: Mapping[str, np.ndarray], response_length: int, group: int, length: int,
-                    scored: int | None = None) -> dict[str, np.ndarray]:
+                    scored: int | None = None, per_row: int = 1,
+                    row_length: int | None = None) -> dict[str, np.ndarray]:
     """``arrays`` (``input_ids``, ``attention_mask``, ``position_ids`` ``[G·n, P + R]``, groups of ``n`` =
-    ``group`` rows with one prompt, `packable`) -> `GROUP_KEYS` ``[G, length]`` / ``[G, scored]`` / ``[G, n·R]``
-    (module docstring; ``scored`` None: this chunk's `group_scored_length`), with the other arrays unchanged."""
+    ``group`` rows with one prompt, `packable`) -> `GROUP_KEYS` (module docstring), with the other arrays
+    unchanged. ``length``: ``T``, the longest group's run; ``scored``: ``S`` (None: this chunk's
+    `group_scored_length`); ``per_row``: ``k`` consecutive groups a row, in ``row_length`` ``L`` tokens (None:
+    this chunk's `packed_row_length`; ``T`` when ``k`` is 1)."""
     ids, mask, positions = (np.asarray(arrays[k]) for k in ("input_ids", "attention_mask", "position_ids"))
     rows, width = ids.shape
-    r = int(response_length)
+    r, per_row = int(response_length), int(per_row)
     prompt_len, groups = width - r, rows // group
+    if groups % per_row:
+        raise ValueError(f"pack_group_rows: {groups} groups do not fill rows of {per_row} groups each")
     scored = group_scored_length(mask, r, group) if scored is None else int(scored)
-    out = {name: np.zeros((groups, length), np.int32) for name in GROUP_KEYS[:3]}
+    if row_length is None:
+        row_length = length if per_row == 1 else packed_row_length(mask, r, group, per_row)
+    out = {name: np.zeros((groups // per_row, row_length), np.int32) for name in GROUP_KEYS[:3]}
     index, targets = np.zeros((groups, scored), np.int32), np.zeros((groups, scored), np.int32)
     slot = np.full((groups, group * r), scored, np.int32)
+    windows = np.zeros((groups, length), np.int32)
+    at = 0
     for g in range(groups):
-        first = g * group
+        first, packed_row, stride = g * group, g // per_row, (g % per_row) * (group + 1)
+        at = 0 if g % per_row == 0 else at
         real = np.flatnonzero(mask[first, :prompt_len])
         cursor, used = len(real), 0
         pieces = [(first, real, 1)]
@@ -103,26 +133,31 @@ def pack_group_rows(arrays: Mapping[str, np.ndarray], response_length: int, grou
             cursor, used = cursor + taken, used + taken
         if cursor > length:
             raise ValueError(f"pack_group_rows: group {g} holds {cursor} tokens, more than the packed length {length}")
-        at = 0
+        if at + cursor > row_length:
+            raise ValueError(f"pack_group_rows: row {packed_row} holds more than {row_length} tokens")
+        windows[g, :cursor] = at + np.arange(cursor)
         for row, columns, segment in pieces:
             span = slice(at, at + len(columns))
-            out["group_input_ids"][g, span] = ids[row, columns]
-            out["group_position_ids"][g, span] = positions[row, columns]
-            out["group_segments"][g, span] = segment
+            out["group_input_ids"][packed_row, span] = ids[row, columns]
+            out["group_position_ids"][packed_row, span] = positions[row, columns]
+            out["group_segments"][packed_row, span] = stride + segment
             at += len(columns)
-    out.update(group_logit_index=index, group_score_targets=targets, group_score_slot=slot)
+    out.update(group_logit_index=index, group_score_targets=targets, group_score_slot=slot, group_windows=windows)
     return {**{k: v for k, v in arrays.items() if k not in ("input_ids", "attention_mask", "position_ids")}, **out}
 
 
-def pack_micro_stack(mini: Mapping[str, np.ndarray], response_length: int, group: int) -> dict[str, np.ndarray]:
+def pack_micro_stack(mini: Mapping[str, np.ndarray], response_length: int, group: int,
+                     per_row: int = 1) -> dict[str, np.ndarray]:
     """A stack of micro-batches ``[M, rows, ...]`` (`jaxrl_hf.workers.minibatch.iterate_minibatches`) packed
-    micro-batch by micro-batch at one length (the stack's longest group), as the train step takes it."""
+    micro-batch by micro-batch at one set of lengths (the stack's longest group and fullest row), ``per_row``
+    groups a row, as the train step takes it."""
     count = np.shape(mini["attention_mask"])[0]
     flat_mask = np.asarray(mini["attention_mask"]).reshape(-1, np.shape(mini["attention_mask"])[-1])
     length = group_row_length(flat_mask, response_length, group)
     scored = group_scored_length(flat_mask, response_length, group)
-    packed = [pack_group_rows({k: np.asarray(v)[m] for k, v in mini.items()}, response_length, group, length, scored)
-              for m in range(count)]
+    row_length = length if per_row == 1 else packed_row_length(flat_mask, response_length, group, per_row)
+    packed = [pack_group_rows({k: np.asarray(v)[m] for k, v in mini.items()}, response_length, group, length, scored,
+                              per_row, row_length) for m in range(count)]
     return {k: np.stack([p[k] for p in packed]) for k in packed[0]}
 
 

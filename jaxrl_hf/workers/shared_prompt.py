@@ -26,6 +26,7 @@ attention: that eager response pass would hold scores the kernels never material
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Mapping
 
 import jax
@@ -99,16 +100,23 @@ def packed_group_log_probs(params: Any, config: DecoderConfig, micro: Mapping[st
                            temperature: float = 1.0, with_entropy: bool = True, chunk_size: int = 128,
                            mesh: Any = None, rules: Any = None) -> tuple[Array, Array]:
     """`shared_prompt_log_probs` over packed group rows (`jaxrl_hf.workers.group_packing`: ``group_*`` arrays and
-    ``responses [G·n, R]``): the decoder over ``[G, T]`` real tokens under `shared_prefix_attention`'s mask, the LM
-    head on the ``S`` hidden states ``group_logit_index`` names (the real response tokens), and each response
-    column's output from its ``group_score_slot`` (0 for a padding column)."""
+    ``responses [G·n, R]``): the decoder over ``[G / k, L]`` real tokens under `shared_prefix_attention`'s mask (one
+    group at a time where a row holds ``k`` > 1), the LM head on the ``S`` hidden states of each group that
+    ``group_logit_index`` names (the real response tokens), and each response column's output from its
+    ``group_score_slot`` (0 for a padding column)."""
     rows, width = micro["responses"].shape
-    module = make_module(config.replace(shared_prompt=(), packed_rows=(), shared_prefix=True), mesh, rules)
+    groups, longest = micro["group_windows"].shape
+    packed_rows = micro["group_input_ids"].shape[0]
+    per_row = groups // packed_rows
+    layout = (per_row, longest, group + 1) if per_row > 1 else ()
+    module = make_module(config.replace(shared_prompt=(), packed_rows=(), shared_prefix=True,
+                                        shared_prefix_groups=layout), mesh, rules)
     hidden, _ = module.apply({"params": params}, micro["group_input_ids"], micro["group_position_ids"],
                              micro["group_segments"], method=CausalLM.hidden_states_and_new_kv)
-    h = jnp.take_along_axis(hidden, micro["group_logit_index"][..., None], axis=1)  # [G, S, E], per group
-    scored = lm_head_log_probs(params, config, h, micro["group_score_targets"], temperature, chunk_size,
-                               with_entropy)
+    at = jnp.take_along_axis(micro["group_windows"], micro["group_logit_index"], axis=1)  # [G, S] in its row
+    h = jnp.take_along_axis(hidden, at.reshape(packed_rows, -1)[..., None], axis=1)  # [G / k, k·S, E]
+    scored = lm_head_log_probs(params, config, h.reshape(groups, -1, h.shape[-1]), micro["group_score_targets"],
+                               temperature, chunk_size, with_entropy)
 
     def per_column(x: Array) -> Array:  # [G, S] -> [G·n, R]: a zero slot appended for the padding columns
         x = jnp.concatenate([x, jnp.zeros_like(x[:, :1])], axis=1)
@@ -169,17 +177,25 @@ class SharedPromptForward:
         ok = group_packing.packable(arrays["attention_mask"], response) and self._eager(length)
         return not agree_max(int(not ok))[0]  # every process takes the same layout
 
-    def pack(self, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """One chunk of rows (``[rows, ...]``) as packed group rows at its own length."""
+    def groups_per_row(self, rows: int, devices: int) -> int:
+        """``k`` of `group_packing.pack_group_rows` for ``rows`` rows over ``devices`` devices: each device's
+        groups in one packed row (they then pad to the fullest device's load, not each to the longest group)."""
+        return max(int(rows) // (self.group * int(devices)), 1)
+
+    def pack(self, arrays: Mapping[str, np.ndarray], devices: int = 1) -> dict[str, np.ndarray]:
+        """One chunk of rows (``[rows, ...]``, split over ``devices`` devices) as packed group rows at its own
+        lengths, each device's groups in one row."""
         response = np.shape(arrays["responses"])[1]
         length = group_packing.group_row_length(arrays["attention_mask"], response, self.group)
-        return group_packing.pack_group_rows(arrays, response, self.group, length)
+        per_row = self.groups_per_row(len(arrays["attention_mask"]), devices)
+        return group_packing.pack_group_rows(arrays, response, self.group, length, per_row=per_row)
 
     def apply(self, program: Any, params: Any, arrays: Mapping[str, np.ndarray], mesh: Any, dp_processes: int,
               *extra: Any, rows_per_device: int) -> tuple[np.ndarray, ...]:
         """``program(params, micro, *extra)`` over rows that `applies` to, in chunks of ``rows_per_device`` rows per
         device (`workers.common.chunked_apply`: whole groups in every chunk), each chunk packed where `packs`."""
         inputs = {k: v for k, v in arrays.items() if k != "response_mask"}
-        chunk = int(rows_per_device) * (int(mesh.shape["dp"]) // dp_processes)
+        devices = int(mesh.shape["dp"]) // dp_processes
+        chunk = int(rows_per_device) * devices
         return chunked_apply(program, params, inputs, chunk, mesh, dp_processes, *extra,
-                             prepare=self.pack if self.packs(arrays) else None)
+                             prepare=functools.partial(self.pack, devices=devices) if self.packs(arrays) else None)
