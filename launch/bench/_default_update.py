@@ -36,17 +36,18 @@ def update_worker(prompt: int, response: int, groups_per_update: int = 1, peak: 
     return worker, worker.init_model()
 
 
-def update_batch(prompt: int, response: int) -> Any:
-    """The rollout batch of one call: 4 groups of n = 4 rows at the default run's lengths."""
+def update_batch(prompt: int, response: int, seed: int = 1, response_real: tuple[int, int] = (4, 28)) -> Any:
+    """The rollout batch of one call: 4 groups of n = 4 rows at the default run's lengths (responses of
+    ``response_real`` tokens, at most ``response``)."""
     import numpy as np
     from bench_shared_prompt import grouped_rows
 
     from jaxrl_hf.controller import Batch
 
     rows = GROUPS * N
-    ids, mask, positions, valid = grouped_rows(GROUPS, N, prompt, response, SMOLLM2_135M["vocab_size"], seed=1,
+    ids, mask, positions, valid = grouped_rows(GROUPS, N, prompt, response, SMOLLM2_135M["vocab_size"], seed=seed,
                                                prompt_real=(48, min(58, prompt)),
-                                               response_real=(4, min(28, response)))
+                                               response_real=(response_real[0], min(response_real[1], response)))
     advantages = np.random.default_rng(0).standard_normal((rows, 1)).astype(np.float32) * valid
     return Batch.from_dict({"input_ids": ids, "attention_mask": mask, "position_ids": positions,
                             "responses": ids[:, prompt:], "response_mask": valid,
