@@ -104,18 +104,10 @@ def eager_attention(q: Array, k: Array, v: Array, segments: Array, scale: float,
 
 
 def masked_attention(q: Array, k: Array, v: Array, mask: Array, scale: float, softcap: float | None = None) -> Array:
-    """`eager_attention` under any ``[B, T, S]`` boolean ``mask`` (query ``t`` sees key ``s``). Both products are
-    batched matmuls over (row, kv head), a head group's queries one ``[groups·T, D]`` matrix (as in
-    `cached_attention`): the default update ran 1.01-1.06x faster than with the 5-d contractions on this CPU."""
-    b, t, heads, groups, d = q.shape
-    s = k.shape[1]
-    qn = q.transpose(0, 2, 3, 1, 4).reshape(b * heads, groups * t, d)
-    kn, vn = (x.transpose(0, 2, 1, 3).reshape(b * heads, s, d) for x in (k, v))
-    scores = soft_cap(jnp.einsum("nqd,nsd->nqs", qn, kn, preferred_element_type=jnp.float32) * scale, softcap)
-    seen = jnp.broadcast_to(mask[:, None, None], (b, heads, groups, t, s)).reshape(b * heads, groups * t, s)
-    probs = jax.nn.softmax(jnp.where(seen, scores, NEG_INF), axis=-1).astype(q.dtype)
-    out = jnp.einsum("nqs,nsd->nqd", probs, vn)
-    return out.reshape(b, heads, groups, t, d).transpose(0, 3, 1, 2, 4)
+    """`eager_attention` under any ``[B, T, S]`` boolean ``mask`` (query ``t`` sees key ``s``)."""
+    scores = soft_cap(jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) * scale, softcap)
+    probs = jax.nn.softmax(jnp.where(mask[:, None, None], scores, NEG_INF), axis=-1).astype(q.dtype)
+    return jnp.einsum("bkgts,bskd->btkgd", probs, v)
 
 
 def cached_attention(q: Array, k: Array, v: Array, cache: dict[str, Array], attention_mask: Array,
