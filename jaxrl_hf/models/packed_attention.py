@@ -10,6 +10,7 @@ implementation there and moves the outputs back: the same result for the padded 
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import jax
@@ -55,8 +56,10 @@ def per_row_attention(q: Array, k: Array, v: Array, segments: Array, rows: int, 
     token's output is moved back to its packed position (`_move_rows`, gathers both ways). The result
     equals attention over the packed sequence (a token sees only its own row, causally, at the same distances)
     for ``(rows / L²)·width²`` of its score count: packing then costs what the padded rows cost in attention, and
-    `cudnn_attention` can take packed rows (each slot is one run from 0). Tokens of segments above ``rows`` or
-    past ``width`` in their row are not seen (the packer guarantees neither occurs); padding gets 0."""
+    `cudnn_attention` can take packed rows (each slot is one run from 0). On a CPU the slots attend in
+    `concurrent_parts` independent calls of ``attend``, which XLA runs on its threads at once. Tokens of segments
+    above ``rows`` or past ``width`` in their row are not seen (the packer guarantees neither occurs); padding
+    gets 0."""
     b, length = segments.shape
     segments = segments.astype(jnp.int32)
     start, count = packed_row_slots(segments, rows, width)
@@ -71,8 +74,27 @@ def per_row_attention(q: Array, k: Array, v: Array, segments: Array, rows: int, 
         b * rows, width, *x.shape[2:])
     moved = [jnp.where(slot_valid, jnp.take_along_axis(x, slot_index, axis=1), 0).reshape(b * rows, width)
              for x in carried]
-    out = attend(unpack(q), unpack(k), unpack(v), slot_valid.reshape(b * rows, width).astype(jnp.int32), *moved)
+    slots = [unpack(q), unpack(k), unpack(v), slot_valid.reshape(b * rows, width).astype(jnp.int32), *moved]
+    parts = concurrent_parts(rows)
+    bounds = [rows * i // parts for i in range(parts + 1)]
+
+    def part(x: Array, lo: int, hi: int) -> Array:  # row slots lo .. hi - 1 of every sequence
+        return x.reshape(b, rows, *x.shape[1:])[:, lo:hi].reshape(b * (hi - lo), *x.shape[1:])
+    outs = [attend(*(part(x, lo, hi) for x in slots)).reshape(b, hi - lo, width, *q.shape[2:])
+            for lo, hi in zip(bounds, bounds[1:])]
+    out = jnp.concatenate(outs, axis=1) if len(outs) > 1 else outs[0]
     return _move_rows(out.reshape(b, rows * width, *q.shape[2:]), token_index, token_valid, slot_index, slot_valid)
+
+
+def concurrent_parts(rows: int) -> int:
+    """In how many parts `per_row_attention` attends to ``rows`` row slots: on a CPU backend one part per core, up to
+    ``rows`` (XLA:CPU runs a batched attention matmul on one thread, but independent ops on its pool's threads at
+    once: the default update ran 1.03x faster with its two groups attending apart on this 2-core CPU,
+    docs/BENCHMARKS.md); 1 elsewhere."""
+    if jax.default_backend() != "cpu":
+        return 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(int(rows), cores))
 
 
 def per_row_attention_pays(rows: int, width: int, length: int) -> bool:

@@ -33,7 +33,7 @@ from typing import Any, Callable
 
 import jax.numpy as jnp
 
-from jaxrl_hf.models.attention import cached_attention, masked_attention
+from jaxrl_hf.models.attention import cached_attention, head_batched_attention
 from jaxrl_hf.models.packed_attention import per_row_attention
 
 Array = jnp.ndarray
@@ -101,7 +101,7 @@ def shared_prefix_attention(q: Array, k: Array, v: Array, segments: Array, posit
     ``groups``: ``DecoderConfig.shared_prefix_groups`` (`grouped_prefix_attention`), if set."""
     if groups:
         return grouped_prefix_attention(q, k, v, segments, positions, *groups, scale, window, softcap)
-    return masked_attention(q, k, v, shared_prefix_mask(segments, positions, window), scale, softcap)
+    return head_batched_attention(q, k, v, shared_prefix_mask(segments, positions, window), scale, softcap)
 
 
 def grouped_prefix_attention(q: Array, k: Array, v: Array, segments: Array, positions: Array, groups: int,
