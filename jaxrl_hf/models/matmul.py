@@ -82,3 +82,49 @@ def _backward(f32_out: bool, pair_kernel: bool, w_transposed: bool, saved: tuple
 
 
 matmul_f32_accumulate.defvjp(_forward, _backward)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def lm_head_matmul(x: jnp.ndarray, w: jnp.ndarray, targets: jnp.ndarray, w_transposed: bool = False) -> jnp.ndarray:
+    """Float32 logits ``x [M, E] · w`` (`matmul_f32_accumulate` with ``f32_out``) whose backward splits the
+    logits' cotangent ``∂z`` at each row's scored token ``targets [M]``:
+
+        ∂x = bf16(∂z, ∂z_y := 0) · W  +  ∂z_y · W_y          (float32 sums; W the forward's bf16 weights)
+        ∂W = x ⊗ bf16(∂z, ∂z_y := 0)  +  ∂z_y · x added at y   (``w_transposed``: the tied embedding's layout)
+
+    ``∂z`` is ``g·(onehot(y) − p)`` plus an entropy term: its one large entry, at ``y``, is taken exactly in
+    float32, and the rest, ``p``-sized and of both signs, is rounded to bf16 with its relative error, so the products
+    run as bf16 matmuls (2x the float32 ones on this CPU). Rounding all of ``∂z`` biased ``∂x``: the ``−1`` of the
+    one-hot does not cancel (`tests/test_models_lm_head_matmul.py`). An untied ``w`` (``[E, V]``) keeps the
+    float32 ``∂W`` of `matmul_f32_accumulate`. Each row's ``W_y`` is gathered along the vocabulary as the
+    leading axis: a gather along axis 1 of a vocabulary-sharded ``[E, V]`` came out wrong inside the sharded
+    update program (a dp 4 × tp 2 mesh; correct in isolation)."""
+    return matmul_f32_accumulate(x, w, True, False, w_transposed)
+
+
+def _lm_head_forward(x: jnp.ndarray, w: jnp.ndarray, targets: jnp.ndarray,
+                     w_transposed: bool) -> tuple[jnp.ndarray, tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]]:
+    return lm_head_matmul(x, w, targets, w_transposed), (x, w, targets)
+
+
+def _lm_head_backward(w_transposed: bool, saved: tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray],
+                      dy: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray, None]:
+    x, w, targets = saved
+    dy, targets = dy.astype(jnp.float32), targets.astype(jnp.int32)
+    at_target = jnp.take_along_axis(dy, targets[:, None], axis=1)  # [M, 1]
+    vocab = jnp.arange(dy.shape[1], dtype=jnp.int32)
+    rest = jnp.where(vocab[None, :] == targets[:, None], 0.0, dy).astype(x.dtype)  # [M, V]
+    wx = w.astype(x.dtype)
+    w_target = jnp.take(wx if w_transposed else wx.T, targets, axis=0, mode="clip")  # [M, E]
+    dx = _dot_f32(rest, wx, _NN if w_transposed else _NT) + at_target * w_target.astype(jnp.float32)
+    if w_transposed:  # ∂Wᵀ [V, E] = restᵀ · x (restᵀ made once: XLA would fold the transpose into a dot whose
+        # operands XLA:CPU converts to float32, `models.pair_matmul`), then each row's target term at its row
+        rest_t = jax.lax.optimization_barrier(rest.T)
+        exact = at_target * x.astype(jnp.float32)
+        dw = jax.lax.dot_general(rest_t, x, _NN, preferred_element_type=jnp.float32).at[targets].add(exact)
+    else:
+        dw = jax.lax.dot_general(x.astype(jnp.float32), dy, _TN, preferred_element_type=jnp.float32)
+    return dx.astype(x.dtype), dw.astype(w.dtype), None
+
+
+lm_head_matmul.defvjp(_lm_head_forward, _lm_head_backward)
