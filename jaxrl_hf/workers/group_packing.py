@@ -59,13 +59,19 @@ def packable(attention_mask: np.ndarray, response_length: int) -> bool:
     return bool((mask[:, prompt_len - 1] != 0).all() and (response[:, :-1] >= response[:, 1:]).all())
 
 
-def group_lengths(attention_mask: np.ndarray, response_length: int, group: int) -> np.ndarray:
-    """Real tokens ``p + Σ r_i`` of each group of ``group`` rows ``[G]``."""
+def group_token_counts(attention_mask: np.ndarray, response_length: int, group: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(p, Σ r_i)`` of each group of ``group`` rows: its prompt's real tokens and its responses' ``[G]``."""
     mask = np.asarray(attention_mask) != 0
     rows, width = mask.shape
     prompt_len = width - int(response_length)
-    prompts = mask[::group, :prompt_len].sum(axis=1)
-    return prompts + mask[:, prompt_len:].sum(axis=1).reshape(rows // group, group).sum(axis=1)
+    responses = mask[:, prompt_len:].sum(axis=1).reshape(rows // group, group).sum(axis=1)
+    return mask[::group, :prompt_len].sum(axis=1), responses
+
+
+def group_lengths(attention_mask: np.ndarray, response_length: int, group: int) -> np.ndarray:
+    """Real tokens ``p + Σ r_i`` of each group of ``group`` rows ``[G]``."""
+    prompts, responses = group_token_counts(attention_mask, response_length, group)
+    return prompts + responses
 
 
 def group_row_length(attention_mask: np.ndarray, response_length: int, group: int) -> int:
@@ -87,9 +93,7 @@ def packed_row_length(attention_mask: np.ndarray, response_length: int, group: i
 def group_scored_length(attention_mask: np.ndarray, response_length: int, group: int) -> int:
     """``S``, the LM head's slots per group (module docstring) for ``attention_mask``'s rows, the largest over the
     JAX processes (in lockstep, as `group_row_length`)."""
-    mask = np.asarray(attention_mask) != 0
-    rows, width = mask.shape
-    responses = mask[:, width - int(response_length):].sum(axis=1).reshape(rows // group, group).sum(axis=1)
+    responses = group_token_counts(attention_mask, response_length, group)[1]
     return agree_max(packing.static_length(int(responses.max()), group * int(response_length)))[0]
 
 
