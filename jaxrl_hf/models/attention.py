@@ -115,8 +115,9 @@ def head_batched_attention(q: Array, k: Array, v: Array, mask: Array, scale: flo
     """`masked_attention` with both products as matmuls batched over (row, kv head), kept as two batch dimensions
     (a mesh shards them apart: rows over dp, kv heads over tp), each head group's queries one ``[groups·T, D]``
     matrix, as `cached_attention` reads its cache. The packed update (`shared_prompt_attention.
-    shared_prefix_attention`) ran 1.02-1.05x faster with it than with the 5-d contractions on this CPU
-    (docs/BENCHMARKS.md)."""
+    shared_prefix_attention`) ran 1.05-1.08x faster with it than with the 5-d contractions on this CPU
+    (`launch/bench/bench_update_forms.py`). Generation keeps `masked_attention`: a form merging the two batch
+    dimensions changed its rollouts between generation layouts (`tests/test_workers_hybrid_offload.py`)."""
     b, t, heads, groups, d = q.shape
     s = k.shape[1]
     qn = q.transpose(0, 2, 3, 1, 4).reshape(b, heads, groups * t, d)
