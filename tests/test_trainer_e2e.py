@@ -2,7 +2,9 @@
 
 * resume equality: a run stopped after its step-2 checkpoint and resumed with a larger ``trainer.total_steps``
   logs exactly the metrics of an uninterrupted run for the later steps (wall-clock metrics excluded);
-* every algorithm runs 2 steps and logs verl's metric names;
+* every algorithm runs 2 steps and logs verl's metric names: a PPO run (critic, KL loss, checkpoints, validation) and
+  a GRPO run log every name verl 0.9.1's trainer logs for such a run (built from verl's own code:
+  tests/_verl_metric_names.py);
 * a DAPO step whose dynamic sampling needs refills (a scorer that random text passes about half the time).
 """
 
@@ -16,6 +18,7 @@ import sys
 
 import pytest
 
+from _verl_metric_names import verl_metric_names
 from jaxrl_hf.rollout.sync_plan import SYNC_PATHS
 from jaxrl_hf.trainer.metrics import is_wall_clock_metric
 
@@ -51,6 +54,12 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 '''
 
 
+def assert_logs_verl_names(records: list[dict], **features) -> None:
+    """Every metric name verl's trainer logs for a run with ``features`` appears in some step of ``records``."""
+    missing = sorted(verl_metric_names(**features) - set().union(*records))
+    assert not missing, f"metrics.jsonl lacks verl's {missing}"
+
+
 def comparable(record: dict) -> dict:
     return {k: v for k, v in record.items() if not is_wall_clock_metric(k)}
 
@@ -65,6 +74,7 @@ def test_resume_after_checkpoint_logs_the_same_metrics(tmp_path):
     assert [r["step"] for r in full] == [1, 2, 3]
     for key in REQUIRED:
         assert key in full[-1], f"metrics.jsonl lacks {key}"
+    assert_logs_verl_names(full, use_critic=False, use_kl_loss=True, kl_in_reward=False, saves=True, validates=True)
     for rec in full:  # MFU every step, against the peak the actor measured at start (none is configured)
         assert 0 < rec["perf/mfu/actor"] < 1 and rec["perf/peak_flops_per_device"] > 1e6, rec
     killed = tmp_path / "killed"
@@ -91,8 +101,10 @@ def test_resume_after_checkpoint_logs_the_same_metrics(tmp_path):
 
 @pytest.mark.parametrize("algo, extra", [
     ("remax", ()), ("rloo", ()), ("reinforce_pp", ()), ("gspo", ()), ("safe_rlhf", ()),
-    # PPO on 2 host devices (dp=2): balanced dp chunks, sharded critic and actor updates
-    ("ppo", ("placement.devices_per_process=2", "placement.train.dp=2", "actor.ppo_micro_batch_size_per_device=1")),
+    # PPO on 2 host devices (dp=2): balanced dp chunks, sharded critic and actor updates; with a KL loss, a
+    # checkpoint and a validation every step, so it logs every name verl's trainer would
+    ("ppo", ("placement.devices_per_process=2", "placement.train.dp=2", "actor.ppo_micro_batch_size_per_device=1",
+             "actor.use_kl_loss=true", "trainer.save_freq=1", "trainer.test_freq=1")),
 ])
 def test_every_algorithm_runs_two_smoke_steps(tmp_path, algo, extra):
     records = train(algo, tmp_path / algo, *extra)
@@ -103,6 +115,10 @@ def test_every_algorithm_runs_two_smoke_steps(tmp_path, algo, extra):
         assert records[-1]["balance/tokens_spread_after"] <= records[-1]["balance/tokens_spread_before"]
     if algo in ("ppo", "safe_rlhf"):
         assert "critic/vf_loss" in records[-1] and "critic/values/mean" in records[-1]
+    if algo == "ppo":
+        assert_logs_verl_names(records, use_critic=True, use_kl_loss=True, kl_in_reward=True, saves=True,
+                               validates=True)
+        assert 0 < records[-1]["perf/mfu/critic"] < 1 and records[-1]["response/aborted_ratio"] == 0.0
     if algo in ("ppo", "remax", "rloo", "reinforce_pp", "safe_rlhf"):
         assert records[-1]["actor/reward_kl_penalty_coeff"] > 0
     if algo == "safe_rlhf":

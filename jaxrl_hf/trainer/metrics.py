@@ -1,9 +1,12 @@
 """Per-step metrics with verl's names, computed from the step's ``Batch`` (numpy, no JAX).
 
-* data: ``critic/score/{mean,max,min}``, ``critic/rewards/...``, ``critic/advantages/...``, ``critic/returns/...``,
-  ``critic/values/...`` + ``critic/vf_explained_var`` (with a critic), ``response_length/{mean,max,min,clip_ratio}``,
-  ``prompt_length/...``, ``critic/acc/mean`` (rule accuracy).
-* timing: ``timing_s/<stage>`` and ``timing_per_token_ms/<stage>``.
+* data: ``critic/score/{mean,max,min}``, ``critic/rewards/...`` (over the rows that are not aborted),
+  ``critic/advantages/...``, ``critic/returns/...``, ``critic/values/...`` + ``critic/vf_explained_var`` (with a
+  critic), ``response_length/{mean,max,min,clip_ratio}``, ``response_length_non_aborted/...``,
+  ``response/aborted_ratio`` (an aborted response has no token), ``prompt_length/...``, ``critic/acc/mean`` (rule
+  accuracy).
+* timing: ``timing_s/<stage>`` and ``timing_per_token_ms/<stage>`` (``gen`` per response token, every other stage
+  per prompt + response token).
 * throughput: ``perf/total_num_tokens``, ``perf/time_per_step``, ``perf/throughput`` (tokens/s).
 """
 
@@ -27,22 +30,28 @@ def _stats(prefix: str, values: np.ndarray) -> dict[str, float]:
     return {f"{prefix}/mean": float(values.mean()), f"{prefix}/max": float(values.max()), f"{prefix}/min": float(values.min())}
 
 
+def _stats_or_nan(prefix: str, values: np.ndarray) -> dict[str, float]:
+    """`_stats`, or NaN for each statistic of an empty selection (every response aborted)."""
+    return _stats(prefix, values) or {f"{prefix}/{k}": float("nan") for k in ("mean", "max", "min")}
+
+
 def data_metrics(batch: Batch, use_critic: bool) -> dict[str, float]:
     """Score, reward, advantage, return, value and length statistics of a trained batch."""
     mask = np.asarray(batch["response_mask"], bool)
     response_len = mask.sum(-1)
     max_response = mask.shape[-1]
     prompt_len = np.asarray(batch["prompt_mask"]).sum(-1) if "prompt_mask" in batch else None
+    kept = response_len > 0  # an aborted response (no token at all) counts in no score or reward statistic
     out: dict[str, float] = {}
-    out.update(_stats("critic/score", np.asarray(batch["token_level_scores"]).sum(-1)))
+    out.update(_stats_or_nan("critic/score", np.asarray(batch["token_level_scores"]).sum(-1)[kept]))
     if "token_level_rewards" in batch:
-        out.update(_stats("critic/rewards", np.asarray(batch["token_level_rewards"]).sum(-1)))
+        out.update(_stats_or_nan("critic/rewards", np.asarray(batch["token_level_rewards"]).sum(-1)[kept]))
     if "acc" in batch:
         out["critic/acc/mean"] = float(np.mean(batch["acc"]))
     for key, name in (("advantages", "critic/advantages"), ("returns", "critic/returns")):
         if key in batch:
             out.update(_stats(name, np.asarray(batch[key])[mask]))
-    if use_critic and "values" in batch and "returns" in batch:
+    if use_critic and "values" in batch and "returns" in batch and mask.any():
         values = np.asarray(batch["values"])[mask]
         returns = np.asarray(batch["returns"])[mask]
         out.update(_stats("critic/values", values))
@@ -51,6 +60,10 @@ def data_metrics(batch: Batch, use_critic: bool) -> dict[str, float]:
     out.update(agent_metrics(batch))
     out.update(_stats("response_length", response_len))
     out["response_length/clip_ratio"] = float(np.mean(response_len >= max_response))
+    out.update(_stats_or_nan("response_length_non_aborted", response_len[kept]))
+    out["response_length_non_aborted/clip_ratio"] = (float(np.mean(response_len[kept] >= max_response))
+                                                     if kept.any() else float("nan"))
+    out["response/aborted_ratio"] = float(np.mean(~kept))
     if prompt_len is not None:
         out.update(_stats("prompt_length", prompt_len))
         out["prompt_length/clip_ratio"] = float(np.mean(prompt_len >= np.asarray(batch["prompt_mask"]).shape[-1]))
@@ -111,12 +124,13 @@ def shared_prompt_flops(batch: Batch, group: int, num_params: int, num_layers: i
 
 
 def mfu_metric(batch: Batch, timings: dict[str, float], actor_info: dict[str, Any], ppo_epochs: int,
-               num_devices: int, shared_group: int = 1) -> dict[str, float]:
-    """``perf/mfu/actor``: model FLOPs of the actor update (``actor_update_flops`` over the real tokens of each
+               num_devices: int, shared_group: int = 1, role: str = "actor") -> dict[str, float]:
+    """``perf/mfu/<role>``: model FLOPs of the role's update (``actor_update_flops`` over the real tokens of each
     row; with ``shared_group`` > 1, the update's rows shared each prompt in groups of that many: less
-    `shared_prompt_flops`) over the update's wall time × the devices' peak FLOP/s; ``perf/peak_flops_per_device``:
-    that peak (``trainer.peak_flops_per_device``, else measured by the actor at start: ``workers/peak_flops.py``)."""
-    seconds, peak = timings.get("update_actor", 0.0), actor_info.get("peak_flops_per_device") or 0.0
+    `shared_prompt_flops`) over the update's wall time (``timing_s/update_<role>``) × the devices' peak FLOP/s;
+    for the actor also ``perf/peak_flops_per_device``: that peak (``trainer.peak_flops_per_device``, else measured
+    at start: ``workers/peak_flops.py``). ``actor_info``: the role's ``init_model`` summary (`mfu_summary`)."""
+    seconds, peak = timings.get(f"update_{role}", 0.0), actor_info.get("peak_flops_per_device") or 0.0
     num_params = int(actor_info.get("model_params") or actor_info.get("num_params") or 0)
     if not peak or not num_params or seconds <= 0 or "attention_mask" not in batch:
         return {}
@@ -125,14 +139,22 @@ def mfu_metric(batch: Batch, timings: dict[str, float], actor_info: dict[str, An
     flops = actor_update_flops(seq_lens, num_params, layers, attn_dim, ppo_epochs)
     if shared_group > 1 and "responses" in batch:
         flops -= shared_prompt_flops(batch, shared_group, num_params, layers, attn_dim, ppo_epochs)
-    return {"perf/mfu/actor": flops / (seconds * num_devices * peak), "perf/peak_flops_per_device": float(peak)}
+    out = {f"perf/mfu/{role}": flops / (seconds * num_devices * peak)}
+    if role == "actor":
+        out["perf/peak_flops_per_device"] = float(peak)
+    return out
 
 
 def timing_metrics(timings: dict[str, float], batch: Batch) -> dict[str, float]:
-    """``timing_s/<stage>`` and ``timing_per_token_ms/<stage>`` (per response token)."""
-    tokens = max(float(np.asarray(batch["response_mask"]).sum()), 1.0)
+    """``timing_s/<stage>`` and ``timing_per_token_ms/<stage>``: milliseconds per response token for ``gen`` (what it
+    produced), per prompt + response token for every other stage (what it read), as verl divides them."""
+    response = float(np.asarray(batch["response_mask"]).sum())
+    overall = response + (float(np.asarray(batch["prompt_mask"]).sum()) if "prompt_mask" in batch else 0.0)
     out = {f"timing_s/{k}": float(v) for k, v in timings.items()}
-    out.update({f"timing_per_token_ms/{k}": 1000.0 * float(v) / tokens for k, v in timings.items() if k != "step"})
+    for stage, seconds in timings.items():
+        tokens = response if stage == "gen" else overall
+        if stage != "step":
+            out[f"timing_per_token_ms/{stage}"] = 1000.0 * float(seconds) / tokens if tokens > 0 else 0.0
     return out
 
 

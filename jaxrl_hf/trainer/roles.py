@@ -102,8 +102,8 @@ class RoleBuilder(contextlib.AbstractContextManager):
             reward_pool = reward_pool or self._pool("reward", c.placement.reward)
             groups["cost_model"] = WorkerGroup(reward_pool, CostModelWorker, worker_config, "cost", role="cost_model")
         summaries = {name: group.init_model() for name, group in groups.items()}
-        actor_info = summaries["actor"][0] if isinstance(summaries["actor"], list) else summaries["actor"]
-        return Roles(**groups, actor_info=dict(actor_info or {}))
+        first = lambda summary: dict((summary[0] if isinstance(summary, list) else summary) or {})  # noqa: E731
+        return Roles(**groups, actor_info=first(summaries["actor"]), critic_info=first(summaries.get("critic")))
 
     def close(self) -> None:
         for pool in reversed(self.pools):

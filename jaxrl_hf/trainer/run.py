@@ -229,6 +229,11 @@ class RLTrainer:
         shared = c.rollout.n if metrics.get("actor/shared_prompt_forward") == 1.0 else 1
         metrics.update(mfu_metric(batch, ctx.timer.timings, self.roles.actor_info, c.actor.ppo_epochs, devices,
                                   shared))
+        if self.roles.critic_info:
+            critic_devices = devices if c.placement.critic.colocate else c.placement.critic.num_processes * \
+                c.placement.critic.devices_per_process
+            metrics.update(mfu_metric(batch, ctx.timer.timings, self.roles.critic_info, c.critic.ppo_epochs,
+                                      critic_devices, role="critic"))
         return metrics
 
     # ------------------------------------------------------------------ the loop

@@ -45,6 +45,8 @@ class Roles:
     """RolloutWorker group of a split placement (``placement.rollout.colocate=false``), else None."""
     actor_info: dict[str, Any] = dataclasses.field(default_factory=dict)
     """The actor's ``init_model`` summary: parameter count, layers, attention width, peak FLOP/s (for MFU)."""
+    critic_info: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """The critic's, likewise (for ``perf/mfu/critic``); empty without a critic."""
 
 
 def generation_seed(base: int, step: int, round_: int) -> int:

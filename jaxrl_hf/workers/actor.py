@@ -363,7 +363,7 @@ class ActorRolloutRefWorker(Worker):
         exact mini-batch denominator. Padding rows added by the dispatch get a zero ``response_mask``.
         Returns an empty Batch with ``meta_info["metrics"]`` (``actor/pg_loss``, ``actor/pg_clipfrac``,
         ``actor/pg_clipfrac_lower``, ``actor/ppo_kl``, ``actor/entropy``, ``actor/grad_norm``, ``actor/lr``,
-        ``actor/kl_loss`` with a KL loss, ``actor/num_updates``)."""
+        ``actor/kl_loss`` and ``actor/kl_coef`` with a KL loss, ``actor/num_updates``, ``timing_s/update_weights``)."""
         self._require_model("update_actor")
         if not self.has_actor:
             raise RuntimeError("role 'ref' cannot update_actor")
@@ -403,10 +403,13 @@ class ActorRolloutRefWorker(Worker):
             collected.append(metrics)
         metrics = {**mean_metrics(collected, prefix="actor/", last=("lr",)), **update.padding_metrics("actor/"),
                    "actor/shared_prompt_forward": float(shared), "actor/packed_group_rows": float(packed)}
+        if self.loss_cfg.use_kl_loss:  # verl logs the KL loss's coefficient beside it
+            metrics["actor/kl_coef"] = float(self.loss_cfg.kl_loss_coef)
         if self.layout is None:
             start = time.perf_counter()
             self.engine.set_params(self.policy_params())  # vLLM: the in-place weight sync
-            metrics["timing_s/weight_sync"] = time.perf_counter() - start
+            # verl's name for the rollout engine's weight update, and ours (kept as an alias)
+            metrics["timing_s/update_weights"] = metrics["timing_s/weight_sync"] = time.perf_counter() - start
             if self.engine_name == "vllm":  # perf/weight_sync_{path,bytes,...}, bytes freed/regained by sleep/wake
                 metrics.update(self.engine.sync_metrics())
         if self.offload is not None:

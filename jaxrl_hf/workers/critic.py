@@ -27,6 +27,7 @@ from jaxrl_hf.workers.fused_adamw import fused_update_for
 from jaxrl_hf.workers.minibatch import iterate_minibatches, mean_metrics
 from jaxrl_hf.workers.optim import make_optimizer, update_schedule_step
 from jaxrl_hf.workers.packed_forward import packed_value_fn
+from jaxrl_hf.workers.peak_flops import mfu_summary
 from jaxrl_hf.workers.token_batches import critic_micro_batching, has_response_tokens
 from jaxrl_hf.workers.train_step import TrainState, init_train_state, make_train_step, train_state_shardings
 
@@ -99,7 +100,11 @@ class CriticWorker(Worker):
                                                                   self.mesh, 0 if config.scan_layers
                                                                   else config.num_hidden_layers))
         self.global_step = 0
-        return {"num_params": int(sum(np.prod(x.shape) for x in jax.tree.leaves(params))), "mesh": dict(self.mesh.shape)}
+        # the MFU inputs (`mfu_summary`): no LM head, so the input embedding is a lookup whatever the tying
+        mfu = mfu_summary(config.replace(tie_word_embeddings=False), params, self.config.trainer.peak_flops_per_device,
+                          -(-self.config.placement.num_processes // (self.config.trainer.nnodes or 1)))
+        return {"num_params": int(sum(np.prod(x.shape) for x in jax.tree.leaves(params))), "mesh": dict(self.mesh.shape),
+                **mfu}
 
     def _forward_fn(self, batching: Any) -> Any:
         return self.packed_value_fn if batching.remove_padding else self.value_fn
@@ -126,7 +131,7 @@ class CriticWorker(Worker):
     def update_critic(self, batch: Batch) -> Batch:
         """``ppo_epochs`` × mini-batch steps of the clipped value loss; returns an empty Batch with
         ``meta_info["metrics"]``: ``critic/vf_loss``, ``critic/vf_clipfrac``, ``critic/vpred_mean``,
-        ``critic/grad_norm``, ``critic/lr``, ``critic/num_updates``."""
+        ``critic/grad_norm``, ``critic/lr``, ``critic/loss`` (the optimized loss: verl's name), ``critic/num_updates``."""
         self._require_model("update_critic")
         missing = [k for k in UPDATE_KEYS if k not in batch]
         if missing:
@@ -152,7 +157,6 @@ class CriticWorker(Worker):
             self.state, metrics = self._train_step(self.state, placed, lr_step)
             collected.append(metrics)
         metrics = {**mean_metrics(collected, prefix="critic/", last=("lr",)), **update.padding_metrics("critic/")}
-        metrics.pop("critic/loss", None)
         return Batch.from_dict({}, meta_info={"metrics": metrics})
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
