@@ -22,6 +22,7 @@ class ExitCode(enum.IntEnum):
     CHECKPOINT = 5  # no usable checkpoint to resume from, or a checkpoint that cannot be written
     WORKER = 6  # a worker process died, raised, or did not answer within trainer.worker_timeout_s
     NON_FINITE = 7  # trainer.max_nonfinite_steps consecutive updates skipped for non-finite numbers
+    USER_CODE = 8  # an exception inside the user's own --import'ed code (an estimator, a loss, a loop, ...)
     PREEMPTED = 75  # stopped by SIGTERM / Ctrl-C after saving a checkpoint: run the same command to resume
     INTERRUPTED = 130  # a second Ctrl-C: stopped at once, without a checkpoint
 

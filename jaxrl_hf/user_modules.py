@@ -17,12 +17,62 @@ import importlib.util
 import os
 import re
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from types import ModuleType
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 class UserModuleError(ImportError):
     """A user module named with ``--import`` / ``imports`` could not be imported; the message names it."""
+
+
+class UserCodeError(RuntimeError):
+    """An exception raised inside the user's own code (a function registered from an imported module): the message
+    names the registry, the registered name, the module, the function and its file; the user's error is chained."""
+
+
+def is_user_module(module: str | None) -> bool:
+    """Whether a module (by name) is the user's rather than jaxrl_hf's: everything outside the ``jaxrl_hf`` package
+    (a ``--import``'ed file loads as ``jaxrl_hf_user_*``, `file_module_name`)."""
+    return bool(module) and module != "jaxrl_hf" and not module.startswith("jaxrl_hf.")
+
+
+def describe_function(fn: Callable) -> str:
+    """``module.qualname`` of ``fn`` and the file it is defined in."""
+    module = getattr(fn, "__module__", None) or "?"
+    path = getattr(sys.modules.get(module), "__file__", None)
+    return f"{module}.{getattr(fn, '__qualname__', repr(fn))}" + (f" in {path}" if path else "")
+
+
+def call_registered(kind: str, name: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """``fn(*args, **kwargs)`` for the entry ``name`` of a registry of ``kind``; when ``fn`` is the user's
+    (`is_user_module`) an exception it raises becomes a `UserCodeError` naming all of that."""
+    if not is_user_module(getattr(fn, "__module__", None)):
+        return fn(*args, **kwargs)
+    try:
+        return fn(*args, **kwargs)
+    except Exception as err:
+        raise UserCodeError(f"{kind} {name!r} ({describe_function(fn)}) raised {type(err).__name__}: {err}") from err
+
+
+def user_frame(err: BaseException) -> str | None:
+    """``file:line in function`` of the innermost frame of ``err``'s traceback that is the user's code (a module
+    loaded by `import_user_module`), or None: how an error from the user's code is told from jaxrl_hf's."""
+    found = None
+    tb = err.__traceback__
+    while tb is not None:
+        frame = tb.tb_frame
+        module = frame.f_globals.get("__name__") or ""
+        if module in _LOADED or module.split(".", 1)[0] in _LOADED:
+            found = f"{frame.f_code.co_filename}:{tb.tb_lineno} in {frame.f_code.co_name}"
+        tb = tb.tb_next
+    return found
+
+
+_LOADED: set[str] = set()
+"""Names of the modules `import_user_module` loaded in this process (and their submodules, once imported)."""
 
 
 def is_file_spec(spec: str) -> bool:
@@ -82,7 +132,9 @@ def _import_name(name: str) -> ModuleType:
 def import_user_module(spec: str) -> ModuleType:
     """Import one spec (module docstring); failures raise `UserModuleError` naming it."""
     spec = canonical_spec(spec)
-    return _import_file(spec) if is_file_spec(spec) else _import_name(spec)
+    module = _import_file(spec) if is_file_spec(spec) else _import_name(spec)
+    _LOADED.add(module.__name__)
+    return module
 
 
 def import_user_modules(specs: Iterable[str]) -> list[str]:

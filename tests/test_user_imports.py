@@ -30,6 +30,7 @@ ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the probe wor
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ESTIMATOR, LOSS, NEEDS_LOSS = "test_gamma_times_group_size", "test_marked_vanilla", "test_score_weighted"
+VERL_ESTIMATOR, RAISING_ESTIMATOR = "test_verl_style", "test_raises_inside"
 LOOP, RULE_SET = "test_user_single_turn", "test_user_zero3"
 
 USER_FILE = '''
@@ -48,6 +49,24 @@ def gamma_times_group_size(token_level_rewards, response_mask, *, index, gamma):
     return adv, adv
 
 
+@register_adv_estimator("test_verl_style")
+def verl_style(token_level_rewards, response_mask, index, epsilon=1e-6, config=None):
+    """Written as for verl: no needs= declaration, the group index as a plain parameter, the algorithm settings
+    read from ``config``. A_i = gamma x (samples of prompt i) on every valid token."""
+    adv = config.get("gamma", 1.0) * group_count(group_ids(index))[:, None] * response_mask
+    return adv, adv
+
+
+@register_adv_estimator("test_raises_inside")
+def raises_inside(token_level_rewards, response_mask, index):
+    """A user's bug: fails on every call."""
+    return {}["no_such_key"]
+
+
+def helper_that_raises():
+    raise ValueError("a bug in the user's helper")
+
+
 @register_policy_loss("test_marked_vanilla")
 def marked_vanilla(old_log_prob, log_prob, advantages, response_mask, **kwargs):
     """PPO's clipped loss, reporting pg_clipfrac = 0.25 (a marker in the logs)."""
@@ -55,9 +74,10 @@ def marked_vanilla(old_log_prob, log_prob, advantages, response_mask, **kwargs):
     return loss, {**metrics, "pg_clipfrac": jnp.asarray(0.25, jnp.float32)}
 
 
-@register_policy_loss("test_score_weighted", needs=("token_level_scores",))
+@register_policy_loss("test_score_weighted")
 def score_weighted(old_log_prob, log_prob, advantages, response_mask, *, token_level_scores, **_):
-    """-sum(scores * log_prob) / sum(mask): uses a batch column the standard losses do not get."""
+    """-sum(scores * log_prob) / sum(mask): uses a batch column the standard losses do not get (named by the
+    signature, without a default: no needs= declaration)."""
     loss = -jnp.sum(token_level_scores * log_prob * response_mask) / jnp.sum(response_mask)
     zero = jnp.zeros((), jnp.float32)
     return loss, {"pg_clipfrac": zero, "pg_clipfrac_lower": zero, "ppo_kl": zero}
@@ -166,6 +186,51 @@ def test_compute_advantage_passes_what_the_estimator_declared(user_file):
         compute_advantage(batch, AlgorithmConfig(adv_estimator="remax"))
 
 
+def test_a_verl_style_estimator_gets_what_its_signature_names(user_file):
+    """No ``needs=``: the ``index`` parameter makes the group ids needed (also for the config's rollout.n check),
+    ``config`` gets the algorithm section (``config.get``), as verl calls its registered estimators."""
+    import_user_module(user_file)
+    assert algos.adv_estimator_needs(VERL_ESTIMATOR) == ("index",)
+    uid = np.array([5, 5, 5, 9, 9, 2], np.int64)
+    mask = np.ones((6, 3), np.float32)
+    batch = Batch.from_dict({"uid": uid, "response_mask": mask, "token_level_rewards": np.zeros((6, 3), np.float32)})
+    adv = compute_advantage(batch, AlgorithmConfig(adv_estimator=VERL_ESTIMATOR, gamma=0.5))["advantages"]
+    np.testing.assert_allclose(adv, 0.5 * np.array([3, 3, 3, 2, 2, 1], np.float32)[:, None] * mask)
+    with pytest.raises(ConfigError, match=rf"rollout.n'=1: algorithm.adv_estimator='{VERL_ESTIMATOR}' compares"):
+        load_config("grpo", overrides=[f"algorithm.adv_estimator={VERL_ESTIMATOR}", "rollout.n=1"], imports=[user_file])
+
+
+def test_an_error_inside_the_users_code_names_it_and_is_not_reported_as_a_bug(user_file, tmp_path):
+    import io
+
+    from jaxrl_hf.errors import ExitCode
+    from jaxrl_hf.trainer.exit_path import report
+    from jaxrl_hf.user_modules import UserCodeError
+
+    module = import_user_module(user_file)
+    batch = Batch.from_dict({"uid": np.array([1, 1]), "response_mask": np.ones((2, 2), np.float32),
+                             "token_level_rewards": np.zeros((2, 2), np.float32)})
+    with pytest.raises(UserCodeError) as err:
+        compute_advantage(batch, AlgorithmConfig(adv_estimator=RAISING_ESTIMATOR))
+    message = str(err.value)
+    assert f"advantage estimator {RAISING_ESTIMATOR!r} ({module.__name__}.raises_inside in {user_file})" in message
+    assert "raised KeyError: 'no_such_key'" in message and isinstance(err.value.__cause__, KeyError)
+    screen = io.StringIO()
+    assert report(err.value, str(tmp_path), screen) == ExitCode.USER_CODE
+    assert "this is a bug" not in screen.getvalue() and RAISING_ESTIMATOR in screen.getvalue()
+    # not through a registry: the innermost frame of the user's module is named, file and line
+    with pytest.raises(ValueError) as plain:
+        module.helper_that_raises()
+    screen = io.StringIO()
+    assert report(plain.value, str(tmp_path), screen) == ExitCode.USER_CODE
+    assert f"your code raised ValueError at {user_file}:" in screen.getvalue()
+    assert "in helper_that_raises: a bug in the user's helper" in screen.getvalue()
+    assert "this is a bug" not in screen.getvalue()
+    # raised in a worker process: the remote exception's class tells it
+    remote = WorkerMethodError("actor", 0, "update_actor", "UserCodeError", "Traceback ...\nUserCodeError: x\n")
+    assert report(remote, str(tmp_path), io.StringIO()) == ExitCode.USER_CODE
+
+
 def _loss_config(loss_mode: str):
     """The actor's loss view with the schema's defaults and ``actor.policy_loss.loss_mode=loss_mode``."""
     return actor_loss_config(ActorConfig(policy_loss=PolicyLossConfig(loss_mode=loss_mode)), temperature=1.0)
@@ -212,14 +277,15 @@ def test_every_process_of_a_pool_imports_before_workers_exist(ray_cluster, user_
 # ------------------------------------------------------------------------------- end to end
 @pytest.mark.slow
 def test_train_with_a_user_estimator_and_loss(user_file, tmp_path):
-    """``launch/train.py --import FILE``: the estimator's A = gamma x n on every token (0.75 x rollout.n=2) and the
+    """``launch/train.py --import FILE``: the verl-style estimator's A = gamma x n on every token (0.75 x rollout.n=2:
+    the group index and the config reached it without a needs= declaration) and the
     worker-side loss's marker pg_clipfrac = 0.25 are what the run logs; the user's rollout loop and sharding rule
     set are selected by name (the actor worker resolves both in its own process, or the run fails)."""
     run_dir = tmp_path / "run"
     seams_file = tmp_path / "my_seams.py"
     seams_file.write_text(USER_SEAMS_FILE)
     cmd = [sys.executable, os.path.join(REPO, "launch", "train.py"), "--algo", "grpo", "--preset", "smoke",
-           "--import", user_file, "--import", str(seams_file), f"algorithm.adv_estimator={ESTIMATOR}", "algorithm.gamma=0.75",
+           "--import", user_file, "--import", str(seams_file), f"algorithm.adv_estimator={VERL_ESTIMATOR}", "algorithm.gamma=0.75",
            f"actor.policy_loss.loss_mode={LOSS}", f"rollout.loop={LOOP}", f"actor.strategy={RULE_SET}",
            "trainer.total_steps=1", "trainer.val_before_train=false",
            "trainer.save_freq=0", f"trainer.run_dir={run_dir}"]

@@ -6,8 +6,10 @@ work without (``@register_adv_estimator("grpo", needs=("index",))``); the traine
 the ``algorithm.*`` values its signature names (``gamma``, ``lam``, ``norm_adv_by_std_in_grpo``). Inputs:
 ``index: [B]`` integer prompt ids (the n samples of one prompt share an id; needing it means ``rollout.n >= 2``),
 ``values: [B, T]`` (the critic's; needing them turns the critic on), ``reward_baselines: [B]`` (ReMax's greedy
-reward), or any other batch column by its name. Each built-in also accepts (and ignores) keywords it does not
-use, so every estimator can be called the same way.
+reward), or any other batch column by its name. An estimator written for verl needs no declaration: the
+`SIGNATURE_INPUTS` its signature names are passed (required without a default, when present with one), and a
+``config`` parameter gets the ``algorithm`` section (``config.get(key, default)`` works as on verl's). Each built-in
+also accepts (and ignores) keywords it does not use, so every estimator can be called the same way.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any, Callable, Protocol
 import jax
 import jax.numpy as jnp
 
-from jaxrl_hf.algos.declarations import keyword_parameters, register_declared
+from jaxrl_hf.algos.declarations import keyword_parameters, register_declared, signature_inputs
 from jaxrl_hf.algos.masked import group_count, group_ids, group_mean, group_std, masked_whiten
 from jaxrl_hf.registry import Registry
 
@@ -46,9 +48,24 @@ def get_adv_estimator(name: str) -> Callable[..., tuple[Array, Array]]:
     return ADV_ESTIMATORS.get(name)
 
 
+#: Batch inputs an estimator may take by naming them in its signature, as verl passes them to its registered
+#: estimators (``index``: the group ids; ``reward_baselines``) plus the critic's ``values``.
+SIGNATURE_INPUTS = ("index", "values", "reward_baselines")
+
+
 def adv_estimator_needs(name: str) -> tuple[str, ...]:
-    """The inputs estimator ``name`` declared with ``needs=`` (unknown names raise listing the valid ones)."""
-    return ADV_ESTIMATORS.info(name)["needs"]
+    """The inputs estimator ``name`` cannot work without: those it declared with ``needs=``, and the
+    `SIGNATURE_INPUTS` its signature takes without a default (unknown names raise listing the valid ones)."""
+    required, _ = signature_inputs(get_adv_estimator(name), SIGNATURE_INPUTS)
+    declared = ADV_ESTIMATORS.info(name)["needs"]
+    return declared + tuple(n for n in required if n not in declared)
+
+
+def adv_estimator_optional_inputs(name: str) -> tuple[str, ...]:
+    """The `SIGNATURE_INPUTS` estimator ``name`` takes with a default and did not declare: passed when the batch
+    has them (as verl passes ``index`` whenever the batch has group ids)."""
+    _, optional = signature_inputs(get_adv_estimator(name), SIGNATURE_INPUTS)
+    return tuple(n for n in optional if n not in adv_estimator_needs(name))
 
 
 def adv_estimator_options(name: str, values: Mapping[str, Any]) -> dict[str, Any]:

@@ -26,6 +26,24 @@ def keyword_parameters(fn: Callable) -> tuple[str, ...]:
     return tuple(p.name for p in inspect.signature(fn).parameters.values() if p.kind in kinds)
 
 
+def signature_inputs(fn: Callable, known: Sequence[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The ``known`` input names ``fn``'s signature names: (those without a default, those with one). How a function
+    written for verl (``def adv(token_level_rewards, response_mask, index, config=None)``) says what it takes
+    without a ``needs=`` declaration."""
+    params = inspect.signature(fn).parameters
+    named = [n for n in known if n in params and params[n].kind is not inspect.Parameter.VAR_KEYWORD]
+    required = tuple(n for n in named if params[n].default is inspect.Parameter.empty)
+    return required, tuple(n for n in named if n not in required)
+
+
+def required_keywords(fn: Callable, given: Sequence[str]) -> tuple[str, ...]:
+    """Parameters of ``fn`` without a default that are not among ``given`` (what a caller passing ``given`` would
+    leave missing)."""
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return tuple(p.name for p in inspect.signature(fn).parameters.values()
+                 if p.kind in kinds and p.default is inspect.Parameter.empty and p.name not in given)
+
+
 def check_accepts(owner: str, fn: Callable, needs: Sequence[str]) -> None:
     """Every needed input must be a parameter of ``fn`` (or ``fn`` takes ``**kwargs``)."""
     params = inspect.signature(fn).parameters.values()

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxrl_hf.algos.aggregation import agg_loss
-from jaxrl_hf.algos.declarations import register_declared
+from jaxrl_hf.algos.declarations import register_declared, required_keywords
 from jaxrl_hf.algos.masked import masked_mean
 from jaxrl_hf.registry import Registry
 
@@ -42,9 +42,16 @@ def get_policy_loss(name: str) -> PolicyLossFn:
     return POLICY_LOSSES.get(name)
 
 
+#: What the actor passes every policy loss (positionally, then by keyword).
+CALL_ARGUMENTS = ("old_log_prob", "log_prob", "advantages", "response_mask", "loss_agg_mode", "clip_ratio",
+                  "clip_ratio_low", "clip_ratio_high", "clip_ratio_c", "rollout_is_weights", "global_denominator")
+
+
 def policy_loss_needs(name: str) -> tuple[str, ...]:
-    """The extra batch columns policy loss ``name`` declared with ``needs=``."""
-    return POLICY_LOSSES.info(name)["needs"]
+    """The extra batch columns policy loss ``name`` takes: declared with ``needs=``, and the parameters its
+    signature names without a default beyond `CALL_ARGUMENTS` (a loss written for verl needs no declaration)."""
+    declared = POLICY_LOSSES.info(name)["needs"]
+    return declared + tuple(n for n in required_keywords(get_policy_loss(name), CALL_ARGUMENTS) if n not in declared)
 
 
 def _clip_range(clip_ratio: float, clip_ratio_low: float | None, clip_ratio_high: float | None) -> tuple[float, float]:

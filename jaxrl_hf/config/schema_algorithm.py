@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 
 @dataclass
@@ -54,3 +54,7 @@ class AlgorithmConfig:
     """DAPO's overlong filtering (§3.4): samples cut off by the length limit (no stop token) are masked out of
     the actor's loss, so a truncated answer is neither rewarded nor punished. Any algorithm; no verl key."""
     safe_rlhf: SafeRLHFConfig = field(default_factory=SafeRLHFConfig)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """``config.get(key, default)``, as on verl's algorithm config (what an estimator written for verl calls)."""
+        return getattr(self, key, default)

@@ -19,6 +19,9 @@ import numpy as np
 
 from jaxrl_hf.algos import (adv_estimator_needs, adv_estimator_options, apply_kl_penalty, get_adv_estimator,
                             init_kl_controller, update_kl_controller)
+from jaxrl_hf.algos.advantages import adv_estimator_optional_inputs
+from jaxrl_hf.algos.declarations import keyword_parameters
+from jaxrl_hf.user_modules import call_registered
 from jaxrl_hf.config.schema import AlgorithmConfig, KLControlConfig
 from jaxrl_hf.controller import Batch
 
@@ -67,11 +70,15 @@ INPUT_COLUMNS = {"index": "uid"}
 
 
 def estimator_inputs(batch: Batch, name: str, values_key: str = "values") -> dict[str, Any]:
-    """The inputs estimator ``name`` declared with ``needs=``, read from ``batch``; a missing column raises
-    naming the estimator and the column."""
+    """The inputs estimator ``name`` needs (declared with ``needs=`` or named without a default in its signature),
+    read from ``batch``, and those its signature names with a default that the batch has; a missing needed column
+    raises naming the estimator and the column."""
     inputs: dict[str, Any] = {}
-    for need in adv_estimator_needs(name):
+    optional = adv_estimator_optional_inputs(name)
+    for need in adv_estimator_needs(name) + optional:
         column = values_key if need == "values" else INPUT_COLUMNS.get(need, need)
+        if column not in batch and need in optional:
+            continue
         if column not in batch:
             raise ValueError(f"advantage estimator {name!r} needs batch column {column!r} (its `{need}` input); "
                              f"the batch has {sorted(batch.keys())}")
@@ -97,8 +104,11 @@ def compute_advantage(batch: Batch, cfg: AlgorithmConfig, rewards_key: str = "to
     fields = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
     scalars = {k: v for k, v in fields.items() if not dataclasses.is_dataclass(v)}  # not kl_ctrl, filter_groups ...
     options = adv_estimator_options(cfg.adv_estimator, scalars)
+    if "config" in keyword_parameters(estimator):  # as verl passes its algorithm config
+        options["config"] = cfg
     inputs = estimator_inputs(batch, cfg.adv_estimator, values_key)
-    adv, ret = estimator(jnp.asarray(batch[rewards_key], jnp.float32), mask, **inputs, **options)
+    adv, ret = call_registered("advantage estimator", cfg.adv_estimator, estimator,
+                               jnp.asarray(batch[rewards_key], jnp.float32), mask, **inputs, **options)
     return Batch.from_dict({"advantages": np.asarray(adv, np.float32), "returns": np.asarray(ret, np.float32)})
 
 

@@ -11,6 +11,7 @@ function makes ``algorithm.adv_estimator=my_adv`` valid (likewise ``@register_po
 ``actor.policy_loss.loss_mode``, ``@register_kl_estimator`` for ``algorithm.kl_penalty``/``actor.kl_loss_type``).
 Exit status (jaxrl_hf/errors.py, docs/RELIABILITY.md): 0 done, 1 a bug, 2 configuration, 3 dynamic sampling found
 too few informative prompts, 4 data, 5 checkpoint, 6 worker (died, raised, or timed out), 7 non-finite numbers,
+8 an exception in your own --import'ed code (the module and function named),
 75 stopped by SIGTERM / Ctrl-C after a checkpoint (run the same command to resume), 130 a second Ctrl-C.
 Errors print one line; the traceback goes to <trainer.run_dir>/error.log.
 ``--dry-run`` only checks and prints the resolved config (verl command lines included: their keys are renamed,

@@ -15,11 +15,12 @@ from jaxrl_hf.data.schema import DatasetRowError
 from jaxrl_hf.errors import ExitCode, RunError
 from jaxrl_hf.trainer.dynamic_sampling import DynamicSamplingError
 from jaxrl_hf.trainer.preflight import PreflightError
-from jaxrl_hf.user_modules import UserModuleError
+from jaxrl_hf.user_modules import UserCodeError, UserModuleError, user_frame
 
 ERROR_LOG = "error.log"
 _REMOTE_CLASSES = {"WorkerConfigError": ExitCode.CONFIG, "ConfigError": ExitCode.CONFIG,
-                   "DatasetRowError": ExitCode.DATA, "PreferencePairError": ExitCode.DATA}
+                   "DatasetRowError": ExitCode.DATA, "PreferencePairError": ExitCode.DATA,
+                   "UserCodeError": ExitCode.USER_CODE}
 """A worker method's error, known by the remote exception's class name."""
 
 
@@ -39,6 +40,8 @@ def exit_code_of(err: BaseException) -> ExitCode:
         return _REMOTE_CLASSES.get(err.remote_type, ExitCode.WORKER)
     if isinstance(err, ControllerError):
         return ExitCode.WORKER
+    if isinstance(err, UserCodeError) or user_frame(err) is not None:
+        return ExitCode.USER_CODE
     return ExitCode.INTERNAL
 
 
@@ -49,6 +52,8 @@ def headline(err: BaseException) -> str:
         last = [ln for ln in err.remote_traceback.strip().splitlines() if ln.strip()][-1:] or [err.remote_type]
         return f"role {err.role!r} rank {err.rank} method {err.method!r} failed: {last[0].strip()}"
     text = str(err).strip() or type(err).__name__
+    if not isinstance(err, UserCodeError) and user_frame(err) is not None:  # raised in the user's code, unwrapped
+        return f"your code raised {type(err).__name__} at {user_frame(err)}: {text}"
     return text if exit_code_of(err) != ExitCode.INTERNAL else f"{type(err).__name__}: {text}"
 
 

@@ -27,6 +27,7 @@ from jaxrl_hf.models.config import DecoderConfig
 from jaxrl_hf.models.forward import hidden_states, lm_head_log_probs
 from jaxrl_hf.models.llama import constrain
 from jaxrl_hf.models.value_head import value_forward
+from jaxrl_hf.user_modules import call_registered
 
 Array = jax.Array
 
@@ -167,7 +168,8 @@ def actor_loss(params: Any, micro: Mapping[str, Array], denominator: Array, *, l
                                                    threshold=cfg.rollout_correction_threshold)
     # without the column the update is one optimizer step at the sampling policy: π_old = sg(π_θ)
     old_log_prob = micro["old_log_probs"] if "old_log_probs" in micro else jax.lax.stop_gradient(log_prob)
-    pg_loss, pg_metrics = algos.get_policy_loss(cfg.loss_mode)(
+    pg_loss, pg_metrics = call_registered(
+        "policy loss", cfg.loss_mode, algos.get_policy_loss(cfg.loss_mode),
         old_log_prob, log_prob, micro["advantages"], mask, loss_agg_mode=cfg.loss_agg_mode,
         clip_ratio=cfg.clip_ratio, clip_ratio_low=cfg.clip_ratio_low, clip_ratio_high=cfg.clip_ratio_high,
         clip_ratio_c=cfg.clip_ratio_c, rollout_is_weights=weights, global_denominator=denominator,
