@@ -17,7 +17,7 @@ import yaml
 from jaxrl_hf.config import ConfigError, load_config
 from jaxrl_hf.config.dry_run import dry_run
 from jaxrl_hf.config.schema_paths import is_schema_key
-from jaxrl_hf.config.verl_key_tables import CONVERTED, IGNORED, RENAMED, UNSUPPORTED
+from jaxrl_hf.config.verl_key_tables import CONVERTED, IGNORED, RENAMED, UNSUPPORTED, VALUE_ALTERNATIVES
 from jaxrl_hf.config.verl_keys import classify_key, key_kind
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -183,3 +183,15 @@ def test_dry_run_touches_nothing(tmp_path):
     assert "# run length: total_steps = total_epochs × steps per epoch, computed at start (15 × " in report
     assert "model.path=/nonexistent/model" in report and "3 path(s) not found" in report
     assert not run_dir.exists()
+
+
+@pytest.mark.parametrize("engine, instead", [("sglang", "use rollout.name=vllm instead"),
+                                             ("hf", "use rollout.name=jax instead")])
+def test_a_verl_engine_we_do_not_have_says_what_to_use_instead(engine, instead):
+    with pytest.raises(ConfigError) as err:
+        load_config("grpo", overrides=[f"actor_rollout_ref.rollout.name={engine}"])
+    message = str(err.value)
+    assert f"config key 'rollout.name': {engine!r} is not one of ['jax', 'vllm']; {instead}" in message
+    assert "the same sampling keys" in message
+    for key in VALUE_ALTERNATIVES:  # every table entry names a schema key whose value it refuses
+        assert is_schema_key(key), key

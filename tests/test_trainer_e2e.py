@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 
+import jax
 import pytest
 
 from _verl_metric_names import verl_metric_names
@@ -97,6 +98,36 @@ def test_resume_after_checkpoint_logs_the_same_metrics(tmp_path):
     val_only = [json.loads(x) for x in (tmp_path / "eval" / "validation.jsonl").read_text().splitlines()]
     assert [r["step"] for r in val_only] == [3]
     assert comparable(val_only[0]) == comparable(val_full[-1])
+
+
+def test_a_smoke_runs_export_is_a_complete_model_path(tmp_path):
+    """The tiny random model's exports (``trainer.export_hf`` at the end of a run, and ``launch/export_hf.py`` on its
+    checkpoint) carry the tokenizer the run used and a generation config: each loads with ``load_pretrained``
+    and trains as the next run's ``model.path``."""
+    import numpy as np
+
+    from jaxrl_hf.models import load_pretrained
+    from jaxrl_hf.trainer.data import load_tokenizer
+    from jaxrl_hf.trainer.hf_export import export_checkpoint
+
+    train("grpo", tmp_path / "tiny", "trainer.total_steps=1", "trainer.save_freq=1", "trainer.val_before_train=false",
+          "trainer.export_hf=true", "trainer.export_hf_dtype=float32")
+    exported = export_checkpoint(str(tmp_path / "tiny"), str(tmp_path / "exported"), dtype="float32")
+    reference = load_tokenizer("tiny-random")
+    loaded = {}
+    for path in (tmp_path / "tiny" / "hf_actor", exported):
+        for name in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"):
+            assert os.path.isfile(os.path.join(path, name)), (path, name)
+        lm = load_pretrained(str(path))
+        assert lm.tokenizer.encode("12 + 7 =") == reference.encode("12 + 7 =")
+        assert lm.tokenizer.eos_token_id == reference.eos_token_id
+        loaded[str(path)] = lm.params
+    first, second = loaded.values()  # the same step-1 weights, by either path
+    for a, b in zip(jax.tree.leaves(first), jax.tree.leaves(second)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    records = train("grpo", tmp_path / "next", f"model.path={exported}", "trainer.total_steps=1",
+                    "trainer.save_freq=0", "trainer.val_before_train=false")
+    assert [r["step"] for r in records] == [1] and np.isfinite(records[0]["actor/grad_norm"])
 
 
 @pytest.mark.parametrize("algo, extra", [

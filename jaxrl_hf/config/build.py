@@ -16,6 +16,8 @@ from typing import Any, Literal, Union
 
 import yaml
 
+from jaxrl_hf.config.verl_key_tables import VALUE_ALTERNATIVES
+
 
 class ConfigError(ValueError):
     """A configuration problem; the message names the dotted key and what is valid."""
@@ -91,7 +93,8 @@ def coerce(value: Any, tp: Any, path: str) -> Any:
             parsed = _parse_text(value)
             if parsed in choices:
                 return parsed
-        raise ConfigError(f"config key '{path}': {value!r} is not one of {list(choices)}")
+        hint = VALUE_ALTERNATIVES.get(path, {}).get(value)
+        raise ConfigError(f"config key '{path}': {value!r} is not one of {list(choices)}" + (f"; {hint}" if hint else ""))
     if origin is list:
         (item_tp,) = typing.get_args(tp)
         if isinstance(value, str):

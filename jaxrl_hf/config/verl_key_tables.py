@@ -11,6 +11,8 @@ that has no entry of its own (the longest entry wins). `jaxrl_hf.config.verl_key
 * `UNSUPPORTED`: verl key -> (why it is an error, the values that are this framework's own behaviour and so are
   accepted with no effect). A key that would change the algorithm and is not implemented is here, never in
   `IGNORED`.
+* `VALUE_ALTERNATIVES`: schema key -> {a value verl accepts there and this framework does not: what to use
+  instead}, added to the error that refuses the value.
 """
 
 from __future__ import annotations
@@ -227,4 +229,14 @@ UNSUPPORTED: dict[str, tuple[str, tuple[Any, ...]]] = {
     "reward_model.sandbox_fusion.url": ("verl's Sandbox Fusion code scorer is not supported; score with "
                                      "custom_reward_function instead", _NONE),
     "reward_model.strategy": ("reward models run on this framework's JAX implementation", ("fsdp", "fsdp2")),
+}
+
+VALUE_ALTERNATIVES: dict[str, dict[Any, str]] = {
+    "rollout.name": {
+        "sglang": "use rollout.name=vllm instead: the same sampling keys (rollout.temperature, top_p, top_k, n, "
+                  "response_length, gpu_memory_utilization, tensor_model_parallel_size) apply, or rollout.name=jax "
+                  "(the native JAX engine, no extra package)",
+        "hf": "use rollout.name=jax instead: the native JAX engine generates from the actor's own weights, as verl's "
+              "hf engine does, with the same sampling keys",
+    },
 }

@@ -168,6 +168,17 @@ class PretrainedLM:
         return np.asarray(out, dtype=np.float32)
 
 
+TINY_RANDOM = "tiny-random"
+"""``model.path`` of a small randomly initialised decoder (``model.tiny``) that tokenizes as SmolLM2."""
+TINY_RANDOM_TOKENIZER = "smollm2-135m-instruct"
+
+
+def tokenizer_dir(model_path: str) -> str:
+    """The HF directory holding ``model.path``'s tokenizer files (SmolLM2's for ``tiny-random``): what a run
+    tokenizes with and what an export of it copies, so the export is a complete ``model.path``."""
+    return resolve_hf_dir(TINY_RANDOM_TOKENIZER if model_path == TINY_RANDOM else model_path)
+
+
 def load_pretrained(name_or_path: str = "smollm2-135m-instruct", dtype: str = "float32",
                     remat: str = "none", cache_dir: str | None = None,
                     attn_implementation: str = "auto") -> PretrainedLM:

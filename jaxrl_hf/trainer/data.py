@@ -21,17 +21,12 @@ from jaxrl_hf.data import gsm8k as gsm8k_data
 from jaxrl_hf.data.schema import DataFileError
 
 
-TINY_RANDOM = "tiny-random"
-DEFAULT_TOKENIZER_MODEL = "smollm2-135m-instruct"
-
-
 def load_tokenizer(model_path: str) -> Any:
-    """The tokenizer of ``model.path`` (SmolLM2's for ``tiny-random``)."""
+    """The tokenizer of ``model.path`` (SmolLM2's for ``tiny-random``: `tokenizer_dir`)."""
     from jaxrl_hf.models import Tokenizer
-    from jaxrl_hf.models.pretrained import resolve_hf_dir
+    from jaxrl_hf.models.pretrained import tokenizer_dir
 
-    name = DEFAULT_TOKENIZER_MODEL if model_path == TINY_RANDOM else model_path
-    return Tokenizer.from_dir(resolve_hf_dir(name))
+    return Tokenizer.from_dir(tokenizer_dir(model_path))
 
 
 def _builtin_rows(name: str, config: RunConfig, split: str, limit: int) -> list[dict]:

@@ -125,11 +125,11 @@ def export_checkpoint(checkpoint: str, out: str, dtype: str = "bfloat16", max_sh
     run_config = run_config_of(actor)
     model_path = meta.get("model_path") or (run_config.model.path if run_config is not None else None)
     tokenizer_dir = None
-    if model_path and model_path != "tiny-random":
-        from jaxrl_hf.models.pretrained import resolve_hf_dir
+    if model_path:
+        from jaxrl_hf.models.pretrained import tokenizer_dir as tokenizer_dir_of
 
         try:
-            tokenizer_dir = resolve_hf_dir(model_path)
+            tokenizer_dir = tokenizer_dir_of(model_path)
         except (ValueError, FileNotFoundError, RuntimeError) as err:
             raise ExportError(f"{actor}: the tokenizer files come from the run's model.path={model_path!r}, which "
                               f"cannot be found now ({err})") from None

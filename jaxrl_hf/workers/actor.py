@@ -48,6 +48,7 @@ from jaxrl_hf import mesh as meshlib
 from jaxrl_hf.config.schema import RunConfig
 from jaxrl_hf.controller import PAD_ROWS_KEY, Batch, Dispatch, Worker, register
 from jaxrl_hf.models import pair_matmul, param_logical_axes
+from jaxrl_hf.models.pretrained import tokenizer_dir
 from jaxrl_hf.rollout import ENGINE_NAMES, JaxGenerationEngine, RolloutEngine, SamplingParams, make_rollout_engine
 from jaxrl_hf.rollout.loops import RolloutRequest, make_rollout_loop
 from jaxrl_hf.workers import checkpoint as ckpt
@@ -470,4 +471,5 @@ class ActorRolloutRefWorker(Worker):
         adapters = None
         if self.lora is not None:  # merged weights, and the adapters alone (PEFT format) beside them
             adapters = lambda out: self.lora.save_adapter(out, self.state.params, self.model.path)  # noqa: E731
-        return export_hf_dir(path, params, self.model.config, self.model.path, adapters, **hf_export_options(self.config))
+        tokenizer = self.model.path or tokenizer_dir(self.config.model.path)  # tiny-random: SmolLM2's tokenizer
+        return export_hf_dir(path, params, self.model.config, tokenizer, adapters, **hf_export_options(self.config))
