@@ -4,6 +4,8 @@
     python launch/prepare_data.py arithmetic  [--seed 0] [--n-train 20000] [--n-test 500]
                                               [--min-digits 1] [--max-digits 2] [--operators '+-*'] [--num-operands 2]
     python launch/prepare_data.py gsm8k_prefs [--seed 0] [--limit N]   (train_prefs.jsonl / test_prefs.jsonl)
+    python launch/prepare_data.py arithmetic_gsm8k [--seed 0] [--n-train 2000] [--n-test 200] [--max-digits 1]
+                                              (arithmetic as GSM8K rows: openai/gsm8k, its '####' instruction)
 
 Each command writes ``train.<fmt>`` and ``test.<fmt>`` (``--format parquet|jsonl``) and prints the paths.
 """
@@ -55,6 +57,13 @@ def cmd_arithmetic(args: argparse.Namespace) -> list[str]:
     return out
 
 
+def cmd_arithmetic_gsm8k(args: argparse.Namespace) -> list[str]:
+    cfg = ArithmeticConfig(max_digits=args.max_digits)
+    return [write_rows(gsm8k_data.arithmetic_rows(n, args.seed, split, cfg),
+                       os.path.join(args.out_dir, f"{split}.{args.format}"))
+            for split, n in (("train", args.n_train), ("test", args.n_test))]
+
+
 def cmd_gsm8k_prefs(args: argparse.Namespace) -> list[str]:
     out = []
     os.makedirs(args.out_dir, exist_ok=True)
@@ -89,6 +98,15 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--operators", default="+-*", help="subset of '+-*/'")
     a.add_argument("--num-operands", type=int, default=2)
     a.set_defaults(fn=cmd_arithmetic)
+
+    m = sub.add_parser("arithmetic_gsm8k", help="arithmetic problems as GSM8K rows (openai/gsm8k scorer)")
+    m.add_argument("--out-dir", default="runs/data/arithmetic_gsm8k")
+    m.add_argument("--format", choices=("parquet", "jsonl"), default="parquet")
+    m.add_argument("--seed", type=int, default=0)
+    m.add_argument("--n-train", type=int, default=2000)
+    m.add_argument("--n-test", type=int, default=200)
+    m.add_argument("--max-digits", type=int, default=1)
+    m.set_defaults(fn=cmd_arithmetic_gsm8k)
 
     p = sub.add_parser("gsm8k_prefs", help="GSM8K preference pairs (correct vs corrupted solution), jsonl")
     p.add_argument("--input-dir", default=DEFAULT_GSM8K_DIR)

@@ -14,7 +14,12 @@ import os
 import random
 import re
 
+from typing import TYPE_CHECKING
+
 from jaxrl_hf.data.schema import DatasetRowError, make_row
+
+if TYPE_CHECKING:
+    from jaxrl_hf.data.arithmetic import ArithmeticConfig
 
 DATA_SOURCE = "openai/gsm8k"
 INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
@@ -75,6 +80,31 @@ def to_rows(path: str, split: str) -> list[dict]:
                 extra_info={"split": split, "index": index, "question": raw["question"], "answer": raw["answer"]},
             )
         )
+    return rows
+
+
+#: The format demonstration before each `arithmetic_rows` question: one solved problem, answered as GSM8K's
+#: solutions end (``#### n``), which the ``openai/gsm8k`` scorer's strict mode requires.
+ARITHMETIC_ONE_SHOT = ({"role": "user", "content": f"Compute 3 + 4. {INSTRUCTION}"},
+                       {"role": "assistant", "content": "3 + 4 = 7\n#### 7"})
+
+
+def arithmetic_rows(n: int, seed: int, split: str, config: "ArithmeticConfig | None" = None) -> list[dict]:
+    """``n`` arithmetic problems (`jaxrl_hf.data.arithmetic`) as GSM8K rows: ``data_source='openai/gsm8k'``,
+    verl's GSM8K instruction after the question, `ARITHMETIC_ONE_SHOT` before it, ``extra_info`` with the
+    question and a GSM8K-style answer. Problems a small model can solve, scored by the GSM8K rule scorer."""
+    from jaxrl_hf.data.arithmetic import ArithmeticConfig, generate_arithmetic
+
+    cfg = config or ArithmeticConfig(max_digits=1)
+    rows = []
+    for row in generate_arithmetic(n, seed, cfg, split=split):
+        expression, truth = row["extra_info"]["expression"], row["reward_model"]["ground_truth"]
+        question = f"Compute {expression}."
+        gsm8k_row = make_row(DATA_SOURCE, f"{question} {INSTRUCTION}", truth,
+                             extra_info={"split": split, "index": row["extra_info"]["index"], "question": question,
+                                         "answer": f"{expression} = {truth}\n#### {truth}"})
+        gsm8k_row["prompt"] = [*(dict(m) for m in ARITHMETIC_ONE_SHOT), *gsm8k_row["prompt"]]
+        rows.append(gsm8k_row)
     return rows
 
 
