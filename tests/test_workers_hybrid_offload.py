@@ -322,17 +322,20 @@ def test_vllm_rollout_through_the_factory_follows_updates():
 
 @pytest.mark.slow
 def test_smoke_run_with_hybrid_layout_and_offload_matches_plain_run(tmp_path):
-    """``launch/train.py --algo grpo --preset smoke`` through Ray on 4 host devices, training tp=2 x dp=2:
-    generating with tp_g=1 (d_g=2) and offloading the optimizer logs the same metrics as the plain run
-    (wall-clock metrics and the offload byte count excluded; 2 steps, the step-2 checkpoint included)."""
+    """``launch/train.py --algo grpo --preset smoke`` through Ray on 4 host devices, training tp=2 x dp=2 and
+    generating with tp_g=1 (d_g=2): offloading the optimizer logs exactly the metrics of the same run without
+    offload (wall-clock metrics and the offload byte count excluded; 2 steps, the step-2 checkpoint included).
+    Both runs are one program on one machine, so equality is exact through sampling; the hybrid layout's own
+    equivalence to the training layout is checked above on one given batch (``pair``), where another CPU's
+    rounding cannot change which tokens are sampled."""
     import json
 
     from jaxrl_hf.trainer import run
     from jaxrl_hf.trainer.metrics import is_wall_clock_metric
 
     common = ["placement.devices_per_process=4", "placement.train.tp=2", "placement.train.dp=2",
-              "actor.ppo_micro_batch_size_per_device=1"]
-    variants = {"plain": [], "hybrid_offload": ["placement.generate.tp=1", "actor.offload_optimizer=true"]}
+              "actor.ppo_micro_batch_size_per_device=1", "placement.generate.tp=1"]
+    variants = {"plain": [], "hybrid_offload": ["actor.offload_optimizer=true"]}
     records = {}
     for name, extra in variants.items():
         run_dir = tmp_path / name
@@ -346,7 +349,4 @@ def test_smoke_run_with_hybrid_layout_and_offload_matches_plain_run(tmp_path):
         keys = {k for k in plain if not is_wall_clock_metric(k)}
         assert keys == {k for k in other if not is_wall_clock_metric(k)} - {"actor/offloaded_optimizer_bytes"}
         for key in sorted(keys):
-            if isinstance(plain[key], float):
-                assert other[key] == pytest.approx(plain[key], rel=1e-4, abs=1e-6), key
-            else:
-                assert other[key] == plain[key], key
+            assert other[key] == plain[key], key
