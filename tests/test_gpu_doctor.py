@@ -51,7 +51,7 @@ def test_cpu_config_on_this_cpu_machine_passes(tmp_path, monkeypatch):
 def test_config_asking_for_gpus_fails_with_the_fix():
     code, text = _doctor("trainer.device=cuda", "rollout.name=vllm", "rollout.gpu_memory_utilization=0.6")
     assert code == 1
-    assert ("PROBLEM:   the config asks for GPUs (trainer.device=cuda) but this machine shows none (nvidia-smi "
+    assert ("PROBLEM:   the config asks for GPUs (trainer.device=cuda) but this host shows none (nvidia-smi "
             "lists no GPU, torch sees none, JAX's backend is cpu)") in text
     assert "fix:     run on a GPU node (or set RAY_ADDRESS to a cluster with GPUs), or set trainer.device=cpu" in text
     assert "vLLM 0.60 (rollout.gpu_memory_utilization) + JAX up to 0.35" in text  # the budget this config implies
@@ -180,6 +180,6 @@ def test_train_py_stops_a_gpu_config_at_start_without_importing_vllm_or_torch(tm
     env = dict(os.environ, PYTHONPATH=ROOT)
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert "exit 2 False False False" in out.stdout, out.stdout + out.stderr
-    assert ("jaxrl_hf: preflight: the config asks for GPUs (trainer.device=cuda) but this machine shows none "
+    assert ("jaxrl_hf: preflight: the config asks for GPUs (trainer.device=cuda) but this host shows none "
             "(nvidia-smi lists no GPU): run on a GPU node") in out.stderr
     assert not (tmp_path / "run").exists()

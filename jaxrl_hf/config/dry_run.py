@@ -2,7 +2,7 @@
 
 `dry_run` prints the resolved config as YAML, then a report as YAML comments (so the whole output still reads as
 YAML): the verl keys read under this schema's names, the keys accepted with no effect and why, and the paths
-that do not exist on this machine (not checked in a dry run, so a command line for a cluster can be checked on a
+that do not exist on this host (not checked in a dry run, so a command line for a cluster can be checked on a
 laptop). Exit status 0 when the config is valid, 2 (``ExitCode.CONFIG``) with every key problem listed when not.
 """
 
@@ -36,7 +36,7 @@ def report_lines(config: RunConfig, report: KeyReport) -> list[str]:
         lines += [f"#   {key}: {reason}" for key, reason in report.ignored]
     missing = path_problems(config)
     if missing:
-        lines.append(f"# {len(missing)} path(s) not found on this machine (not checked in a dry run; a run needs "
+        lines.append(f"# {len(missing)} path(s) not found on this host (not checked in a dry run; a run needs "
                      "them):")
         lines += [f"#   {key}={value}: {rule}" for key, value, rule in missing]
     return lines

@@ -1,8 +1,8 @@
 """The run configuration as nested dataclasses, with verl's key names.
 
 The field defaults ARE the embedded default run (``python launch/train.py --algo dapo`` with nothing else):
-SmolLM2-135M-Instruct on synthetic arithmetic prompts with a GSM8K validation subset, sized for a 2-core
-CPU. ``configs/<algo>.yaml`` and presets overlay it; command-line ``a.b=c`` overrides come last.
+SmolLM2-135M-Instruct on synthetic arithmetic prompts with a GSM8K validation subset, sized for a small
+CPU-only host. ``configs/<algo>.yaml`` and presets overlay it; command-line ``a.b=c`` overrides come last.
 
 Sections (verl's names): ``data``, ``model`` (verl's ``actor_rollout_ref.model``), ``actor``, ``rollout``,
 ``ref``, ``critic``, ``reward_model``, ``cost_model``, ``custom_reward_function``, ``algorithm``,

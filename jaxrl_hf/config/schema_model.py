@@ -56,10 +56,10 @@ class ModelConfig:
     over the KV cache is always eager. See ``jaxrl_hf.models.attention``."""
     scan_layers: bool = True
     """Run the decoder layers as one XLA loop (``true``: compile time independent of depth) or unrolled
-    (``false``: one straight-line program; the parameters stay stacked the same way). MaxText's key. Unrolled,
-    SmolLM2-135M's update ran 1.07-1.22x (f32) / 1.8-1.9x (bf16) faster than scanned on the CI's 2-core Xeon, where
-    XLA:CPU copies a loop's stacked activations every layer, at ~3x the compile time (``launch/bench/
-    bench_layer_loop.py``, docs/BENCHMARKS.md); generation always keeps the loop. Large models keep ``true``."""
+    (``false``: one straight-line program; the parameters stay stacked the same way). MaxText's key. Unrolled
+    compiles in time proportional to depth; where a backend copies a loop's stacked activations every layer it
+    can run faster (measured per machine: ``launch/bench/bench_layer_loop.py``, docs/BENCHMARKS.md). Generation
+    always keeps the loop. Large models keep ``true``."""
     seed: int = 0
     use_remove_padding: bool = False
     """Pack each micro-batch's rows into one sequence per device, no padding between them (verl's key; attention

@@ -37,8 +37,8 @@ from jaxrl_hf.workers.common import WorkerConfigError, train_parallel, train_rul
 from jaxrl_hf.workers.generation_layout import generation_parallel
 
 # The plan's defaults, applied before the user's keys, are verl's (the keys plan verl commands as written):
-# the FSDP strategy, computing in bf16 over float32 params; and, where the algorithm YAMLs size theirs for a 2-core
-# CPU, a generation batch of data.train_batch_size prompts and one sequence per device per micro-batch.
+# the FSDP strategy, computing in bf16 over float32 params; and, where the algorithm YAMLs size theirs for a small
+# CPU host, a generation batch of data.train_batch_size prompts and one sequence per device per micro-batch.
 PLAN_DEFAULTS = ("actor.strategy=fsdp", "model.dtype=bfloat16", "data.gen_batch_size=null",
                  "actor.ppo_micro_batch_size_per_device=1")
 DEFAULT_DEVICE_MEMORY = 80 * 2 ** 30

@@ -114,10 +114,9 @@ def head_batched_attention(q: Array, k: Array, v: Array, mask: Array, scale: flo
                            softcap: float | None = None) -> Array:
     """`masked_attention` with both products as matmuls batched over (row, kv head), kept as two batch dimensions
     (a mesh shards them apart: rows over dp, kv heads over tp), each head group's queries one ``[groups·T, D]``
-    matrix, as `cached_attention` reads its cache. The packed update (`shared_prompt_attention.
-    shared_prefix_attention`) ran 1.05-1.08x faster with it than with the 5-d contractions on this CPU
-    (`launch/bench/bench_update_forms.py`). Generation keeps `masked_attention`: a form merging the two batch
-    dimensions changed its rollouts between generation layouts (`tests/test_workers_hybrid_offload.py`)."""
+    matrix, as `cached_attention` reads its cache; used by the packed update (`shared_prompt_attention.
+    shared_prefix_attention`; its speed against the 5-d contractions: `launch/bench/bench_update_forms.py`).
+    Generation keeps `masked_attention`."""
     b, t, heads, groups, d = q.shape
     s = k.shape[1]
     qn = q.transpose(0, 2, 3, 1, 4).reshape(b, heads, groups * t, d)

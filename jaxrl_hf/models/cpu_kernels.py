@@ -10,10 +10,8 @@
 
 The first two run the decode program, the third the train step, the fourth the bf16 training's weight gradients.
 All share their work among XLA's intra-op threads (the calling thread claims work too, so it never waits on a task
-that has not started). At a 64-row SmolLM2-135M
-decode step the first two run the projections at ~415-450 GFLOP/s of this 2-core EPYC's ~510 (XLA's dot: ~230-320
-with the weights streaming from memory) and read the cache at ~39 GB/s (XLA's two products and softmax: ~22-28),
-`launch/bench/bench_cpu_kernels.py`, docs/BENCHMARKS.md.
+that has not started). Their speed against XLA's own dot and attention is measured per machine by
+`launch/bench/bench_cpu_kernels.py` (docs/BENCHMARKS.md).
 
 The library is compiled on first use with the machine's ``g++`` (``-march=native``, ~3 s) into
 ``$JAXRL_HF_KERNEL_CACHE`` (default ``~/.cache/jaxrl_hf/kernels``), keyed by the sources, the flags, jax's
@@ -91,7 +89,7 @@ def _sources() -> list[Path]:
 
 
 def _library_path() -> Path:
-    # -march=native: a library is built for this CPU (a cache shared by several machines keeps one per CPU)
+    # -march=native: a library is built for the host's CPU (a cache shared by several hosts keeps one per CPU)
     inputs = _sources() + [KERNELS / header for header in HEADERS]
     digest = hashlib.sha256(b"".join(p.read_bytes() for p in inputs) + " ".join(_FLAGS).encode()
                             + jax.__version__.encode() + _cpu_identity().encode())

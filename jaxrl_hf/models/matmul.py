@@ -19,10 +19,9 @@ import jax.numpy as jnp
 
 from jaxrl_hf.models import pair_matmul
 
-# XLA:CPU's bf16 dot (YNNPACK) runs ~2x slower at some row counts below 65 once K > 1024 (measured on a 2-core
-# AMD EPYC with AVX512-BF16, jax 0.10.2, `launch/bench/bench_matmul_rows.py`): at 64 rows, a 64-row decode step,
-# SmolLM2-135M's down projection takes 0.33-0.40 ms against 0.17-0.19 ms at 65. On a CPU backend a row count
-# in ``[lo, hi]`` is computed as ``to`` rows (zero rows appended, dropped after): (lo, hi, to).
+# XLA:CPU's bf16 dot (YNNPACK) can run slower at some row counts below 65 once K > 1024 (found with
+# `launch/bench/bench_matmul_rows.py`, which measures it per machine). On a CPU backend a row count in
+# ``[lo, hi]`` is computed as ``to`` rows (zero rows appended, dropped after): (lo, hi, to).
 CPU_DOT_ROW_PADDING = ((40, 45, 46), (49, 55, 56), (61, 64, 65))
 SLOW_CPU_MIN_K = 1025
 

@@ -3,9 +3,8 @@
 `models.matmul.matmul_f32_accumulate`'s backward computes ``∂W = xᵀ · ∂y`` (bf16 operands, float32 sums) here
 where ``DecoderConfig.pair_kernels`` is set: XLA:CPU's ``operand_upcaster`` converts both operands of that dot
 (its left operand contracts over its major dimension) to float32 and runs Eigen's float32 dot, while the forward
-and input-gradient dots run on YNNPACK in bf16. At SmolLM2-135M's projections and 64-256 rows XLA's weight
-gradient runs at ~260-410 GFLOP/s of this 2-core EPYC's ~960 bf16 peak, the kernel at ~360-770: 1.3-2.0x
-(`launch/bench/bench_pair_matmul.py`, docs/BENCHMARKS.md).
+and input-gradient dots run on YNNPACK in bf16; the kernel keeps the weight gradient in bf16 with float32 sums
+(its rate against XLA's: `launch/bench/bench_pair_matmul.py`, docs/BENCHMARKS.md).
 
 The kernel multiplies a row-major bf16 ``a`` by a ``b`` packed in pairs along its contraction (`pack_pairs`) with
 ``vdpbf16ps`` (two bf16 products added into one float32 lane): ``a`` is ``xᵀ`` with the rows of ``x`` in pairs

@@ -99,8 +99,8 @@ def convert_gguf_to_hf_dir(gguf_path: str, out_dir: str) -> str:
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=".tmp-" + os.path.basename(out_dir) + "-", dir=parent)
     start = time.perf_counter()
-    print(f"jaxrl_hf: converting {gguf_path} into the HF directory {out_dir} (first use only; about half a minute on "
-          "a 2-core CPU for the 135M model)", file=sys.stderr, flush=True)
+    print(f"jaxrl_hf: converting {gguf_path} into the HF directory {out_dir} (first use only; "
+          "under a minute for the 135M model)", file=sys.stderr, flush=True)
     try:
         write_hf_dir(read_gguf(gguf_path), tmp)
         print(f"jaxrl_hf: converted in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)

@@ -125,7 +125,7 @@ def host_memory_bytes() -> float:
 
 
 def calibrate_device(quick: bool = False) -> tuple[DeviceSpec, dict]:
-    """Measure this machine's devices; returns the DeviceSpec and the raw measurements.
+    """Measure the host's devices; returns the DeviceSpec and the raw measurements.
     `quick` (for tests): small sizes, 2 repeats, f32 matmul only, 2 collective sizes."""
     n_dev = len(jax.devices())
     reps = 2 if quick else 3

@@ -36,7 +36,8 @@ def top_k_filter(logits: jnp.ndarray, k: int) -> jnp.ndarray:
 
 NUCLEUS_CANDIDATES = 256
 """Tokens the top-p filter first looks among (``lax.top_k``); a row whose nucleus is larger falls back to a full
-sort of its vocabulary. On the 2-core CPU at ``[128, 49152]`` a full sort took 1.19 s, ``top_k(256)`` 22 ms."""
+sort of its vocabulary (``lax.top_k`` of 256 costs far less than a sort of a 49k vocabulary:
+``launch/bench/bench_sampling.py``)."""
 
 
 def _nucleus_cutoff(sorted_logits: jnp.ndarray, log_norm: jnp.ndarray, p: float | jnp.ndarray) -> tuple:
@@ -78,9 +79,8 @@ def categorical_by_inverse_cdf(keys: jax.Array, logits: jnp.ndarray) -> jnp.ndar
     """One draw per row from softmax(logits) (``-inf`` entries never drawn), by inverting the CDF with one uniform
     per row: token = #{i : C_i <= u * C_V}, C = cumsum(softmax(logits)), u ~ U[0, 1) from the row's key.
 
-    The same distribution as ``jax.random.categorical`` (Gumbel-max), which draws a uniform per vocabulary entry:
-    at ``[128, 49152]`` on the 2-core CPU the whole ``sample_tokens`` step (top-p 1) went from 122 to 41 ms
-    (``launch/bench/bench_sampling.py``, docs/BENCHMARKS.md)."""
+    The same distribution as ``jax.random.categorical`` (Gumbel-max), with one uniform per row instead of one per
+    vocabulary entry (``launch/bench/bench_sampling.py``, docs/BENCHMARKS.md)."""
     probs = jax.nn.softmax(logits, axis=-1)
     cdf = jnp.cumsum(probs, axis=-1)
     u = jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float32))(keys)
@@ -92,8 +92,8 @@ def categorical_by_inverse_cdf(keys: jax.Array, logits: jnp.ndarray) -> jnp.ndar
 
 def first_argmax(x: jnp.ndarray) -> jnp.ndarray:
     """``jnp.argmax(x, axis=-1)`` (the first maximum; the first NaN where a row has one) as ``int32``, from two
-    plain reductions: XLA:CPU runs argmax's (value, index) reduction unvectorised, 6.7 ms against 2.7 ms at
-    ``[64, 49152]`` on the 2-core CPU, a twentieth of a greedy decode step."""
+    plain reductions (a max, then the first index reaching it), which vectorise where argmax's (value, index)
+    pair reduction may not."""
     best = jnp.max(x, axis=-1, keepdims=True)
     index = jax.lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)
     nan = jnp.isnan(x)  # a NaN row: its first NaN (XLA:CPU's max need not propagate NaN)

@@ -75,8 +75,8 @@ small next to the forward pass). Greedy ignores it. Note: ``vllm.LLM`` also seed
 torch/numpy/random generators with the engine seed when it runs in-process.
 
 Threads / env (set with ``setdefault`` before vLLM is first imported): ``VLLM_ENABLE_V1_MULTIPROCESSING=0``
-(engine core in this process), ``VLLM_CPU_OMP_THREADS_BIND=nobind`` (vLLM's default pinning made decode
-~20x slower on a shared 2-core machine).
+(engine core in this process), ``VLLM_CPU_OMP_THREADS_BIND=nobind`` (vLLM's default pinning binds threads to
+cores that the trainer's own processes share).
 """
 
 from __future__ import annotations

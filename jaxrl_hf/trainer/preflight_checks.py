@@ -100,7 +100,7 @@ def requirement_satisfied(requirement: str, version: str) -> bool:
 
 
 def _gpu_count_seen(facts: Facts) -> tuple[int, str]:
-    """How many GPUs this machine has, and who says so."""
+    """How many GPUs the host has, and who says so."""
     if facts.nvidia_gpus:
         return len(facts.nvidia_gpus), f"nvidia-smi lists {len(facts.nvidia_gpus)} GPU(s)"
     if facts.torch_cuda_devices:
@@ -127,7 +127,7 @@ def find_problems(facts: Facts, config: RunConfig) -> list[Problem]:
                 "trainer.device=cpu"))
         elif gpus == 0 and facts.ray_gpus is None and not facts.ray_address:
             problems.append(Problem(
-                f"the config asks for GPUs (trainer.device=cuda) but this machine shows none ({who})",
+                f"the config asks for GPUs (trainer.device=cuda) but this host shows none ({who})",
                 "run on a GPU node (or set RAY_ADDRESS to a cluster with GPUs), or set trainer.device=cpu"))
     if device != "cpu" and gpus > 0:
         plugins = installed_jax_plugins(facts)

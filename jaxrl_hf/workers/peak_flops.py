@@ -3,8 +3,8 @@
 MFU needs a peak. A GPU's datasheet number is known (``trainer.peak_flops_per_device``); a CPU's is not, and a
 datasheet number would not say what XLA reaches there anyway. So when no peak is configured, the actor worker
 times short jitted square matmuls in the model's compute dtype (``model.dtype``) on its first device and takes the
-best rate seen: the best this machine does in that dtype (dtypes differ widely: this CI's Xeon multiplies bfloat16
-on AMX tiles at ~5-10x its float32 rate). XLA:CPU host devices share the host's cores, so on CPU the measured rate
+best rate seen: the best the host does in that dtype (dtypes differ widely between CPUs: one with AMX tiles
+multiplies bfloat16 several times faster than float32, one without may be slower in bfloat16). XLA:CPU host devices share the host's cores, so on CPU the measured rate
 is divided among the host's devices.
 
 The result is cached in a small JSON file keyed by platform, device kind, core count, dtype and JAX version
@@ -82,7 +82,7 @@ def _write_cache(path: str, data: dict[str, float]) -> None:
 
 
 def measured_peak(device: Any, dtype: str) -> float:
-    """The cached peak of ``device``'s kind on this machine; measured (under a file lock, so processes starting
+    """The cached peak of ``device``'s kind on the host; measured (under a file lock, so processes starting
     together neither measure at once nor slow each other's measurement) when not cached yet."""
     path, key = cache_path(), machine_key(device, dtype)
     cached = _read_cache(path).get(key)
@@ -100,7 +100,7 @@ def measured_peak(device: Any, dtype: str) -> float:
 
 def peak_flops_per_device(configured: float | None = None, processes_per_host: int = 1,
                           dtype: str = "float32") -> float:
-    """``configured`` when given, else this machine's measured ``dtype`` peak per device: on CPU the host's rate
+    """``configured`` when given, else the host's measured ``dtype`` peak per device: on CPU the host's rate
     shared by all devices of the ``processes_per_host`` processes on it; an accelerator's own rate elsewhere."""
     if configured:
         return float(configured)
