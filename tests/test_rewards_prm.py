@@ -16,7 +16,8 @@ import pytest
 
 from jaxrl_hf.data.schema import DatasetRowError
 from jaxrl_hf.models import value_forward
-from jaxrl_hf.rewards.managers import NaiveRewardManager, make_reward_manager, response_decoder
+from jaxrl_hf.rewards.manager_registry import make_reward_manager
+from jaxrl_hf.rewards.managers import NaiveRewardManager, response_decoder
 from jaxrl_hf.rewards.prm_data import (check_annotation, corrupt_step, encode_step_rows, encode_steps, make_step_batch,
                                       read_step_rows, split_steps, step_end_offsets, step_labels)
 from jaxrl_hf.rewards.prm_manager import aggregate_step_scores, load_process_reward_model

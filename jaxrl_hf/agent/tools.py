@@ -50,7 +50,6 @@ def register_tool(name: str, *, override: bool = False) -> Callable[[type], type
 
 def get_tool(name: str, **config: Any) -> Tool:
     """A fresh instance of the tool registered as ``name`` (keyword ``config`` goes to its constructor)."""
-    _load_builtins()
     return TOOLS.get(name)(**config)
 
 
@@ -84,7 +83,6 @@ class _Renamed:
 
 
 def _tool_class(class_name: str, where: str) -> Callable[..., Tool]:
-    _load_builtins()
     if class_name in TOOLS:
         return TOOLS.get(class_name)
     module_name, _, attribute = class_name.rpartition(".")
@@ -145,8 +143,3 @@ def load_tool_config(path: str) -> list[Tool]:
 def default_tools() -> list[Tool]:
     """The tools of a run without a tool config: the built-in ``calculator``."""
     return [get_tool("calculator")]
-
-
-def _load_builtins() -> None:
-    """Import the built-in tools' modules (they register themselves)."""
-    from jaxrl_hf.agent import calculator, python_sandbox  # noqa: F401

@@ -1,6 +1,6 @@
 """Which decoder configs vLLM computes exactly as this decoder does, for ``rollout.name=vllm`` and HF exports.
 
-vLLM builds its model from the ``config.json`` this project writes (`jaxrl_hf.models.hf_config.decoder_config_to_hf`)
+vLLM builds its model from the ``config.json`` this project writes (`jaxrl_hf.models.config.decoder_config_to_hf`)
 and receives the weights under the HF names of `jaxrl_hf.models.weights_hf` (q/k norms, Gemma's pre/post
 feed-forward norms and its ``(1 + w)`` norm weights as stored, tied embeddings). Against vLLM 0.32 (CPU build),
 greedy tokens equal to the native engine's and log-probs within 1e-4 of our forward where a test says so:

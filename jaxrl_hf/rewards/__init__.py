@@ -15,14 +15,8 @@ from jaxrl_hf.rewards.dispatch import (
     known_data_sources,
     load_custom_score_fn,
 )
-from jaxrl_hf.rewards.managers import (
-    REWARD_MANAGERS,
-    DAPORewardManager,
-    NaiveRewardManager,
-    OverlongBufferConfig,
-    RewardOutput,
-    make_reward_manager,
-)
+from jaxrl_hf.rewards.manager_registry import REWARD_MANAGERS, make_reward_manager
+from jaxrl_hf.rewards.managers import DAPORewardManager, NaiveRewardManager, OverlongBufferConfig, RewardOutput
 from jaxrl_hf.rewards.timeouts import ScoreTimeout, time_limit
 
 

@@ -258,18 +258,3 @@ class DAPORewardManager(NaiveRewardManager):
             "reward/overlong_reward_mean": float(penalty.mean()) if len(lengths) else 0.0,
         }
         return penalty, extras, metrics
-
-
-REWARD_MANAGERS = {"naive": NaiveRewardManager, "dapo": DAPORewardManager}
-
-
-def make_reward_manager(name: str, **kwargs: Any) -> NaiveRewardManager:
-    """The reward manager called ``name`` (``reward_model.reward_manager`` in configs)."""
-    if name == "prm" and "prm" not in REWARD_MANAGERS:  # registered on first use (prm_manager imports this module)
-        from jaxrl_hf.rewards.prm_manager import PRMRewardManager
-        REWARD_MANAGERS["prm"] = PRMRewardManager
-    try:
-        cls = REWARD_MANAGERS[name]
-    except KeyError:
-        raise ValueError(f"unknown reward manager {name!r}; valid names: {sorted(REWARD_MANAGERS)}") from None
-    return cls(**kwargs)
