@@ -38,7 +38,11 @@ class ModelConfig:
     """``smollm2-135m-instruct``, an HF directory, a ``.gguf`` file, ``tiny-random``, or a hub id ``org/name``
     read offline from the local Hugging Face cache (``HF_HUB_CACHE`` / ``HF_HOME``; fetch it first with
     ``huggingface-cli download org/name``). ``config.json`` model types: llama, qwen2, qwen3, mistral, gemma2, gemma3_text."""
-    dtype: Literal["float32", "bfloat16"] = "float32"
+    dtype: Literal["float32", "bfloat16", "auto"] = "float32"
+    """Compute dtype (parameters and Adam state stay float32). ``auto``: on GPUs ``bfloat16``; on CPUs the faster of
+    ``float32`` and ``bfloat16`` (with float32 accumulation) on the host, measured once and cached with the peak
+    (``workers/peak_flops.py``); resolved at the start of a run, before any worker starts, and written as resolved
+    into the run's ``config.yaml``."""
     remat: Literal["none", "full", "dots", "dots_no_batch", "save_attn_out", "save_attn_out_mlp_in",
                    "dots_no_batch_attn_out"] = "none"
     """Gradient checkpointing policy of each decoder layer: ``none``; ``full`` (keep only layer inputs, recompute

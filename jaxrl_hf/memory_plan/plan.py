@@ -146,7 +146,10 @@ def load_plan_config(args: Sequence[str], devices: int, algo: str = "dapo") -> t
 
 def _with_some_length(config: RunConfig) -> RunConfig:
     """A run length counted in epochs is only known once the data is read (`jaxrl_hf.config.run_length`); the
-    plan's programs do not depend on it, but the optimizer is built with a complete lr schedule."""
+    plan's programs do not depend on it, but the optimizer is built with a complete lr schedule. A plan is of
+    accelerators, where ``model.dtype=auto`` computes in bfloat16 (`jaxrl_hf.workers.peak_flops`)."""
+    if config.model.dtype == "auto":
+        config = dataclasses.replace(config, model=dataclasses.replace(config.model, dtype="bfloat16"))
     if config.trainer.total_steps is not None:
         return config
     return with_total_steps(config, DEFAULT_TOTAL_STEPS)

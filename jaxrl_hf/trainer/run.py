@@ -13,6 +13,7 @@ uninterrupted one.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import sys
@@ -56,6 +57,7 @@ class RLTrainer:
     """Owns the data, the worker groups, logging and checkpoints of one run."""
 
     def __init__(self, config: RunConfig) -> None:
+        config = resolved_compute_dtype(config)  # model.dtype=auto: one dtype for every role and process
         self.config = config
         self.run_dir = os.path.abspath(config.trainer.run_dir)
         self.ckpt = CheckpointManager(os.path.join(self.run_dir, "checkpoints"), config.trainer.max_ckpt_to_keep)
@@ -390,6 +392,22 @@ def enable_float32_matmuls(model_dtype: str) -> None:
     logits, may use TF32)."""
     if model_dtype == "float32" and MATMUL_PRECISION_ENV not in os.environ:
         os.environ[MATMUL_PRECISION_ENV] = "highest"
+
+
+def resolved_compute_dtype(config: RunConfig) -> RunConfig:
+    """The config with ``model.dtype=auto`` resolved once, in the driver, before any worker starts
+    (`jaxrl_hf.workers.peak_flops.resolve_compute_dtype`; accelerators: ``trainer.device=cuda``, or ``auto`` on a
+    host whose GPUs nvidia-smi lists), so that every role and process computes in the same dtype."""
+    if config.model.dtype != "auto":
+        return config
+    from jaxrl_hf.trainer.preflight import quick_facts
+    from jaxrl_hf.workers.peak_flops import resolve_compute_dtype
+
+    device = config.trainer.device
+    accelerator = device == "cuda" or (device == "auto" and bool(quick_facts().nvidia_gpus))
+    dtype, why = resolve_compute_dtype("auto", accelerator)
+    print(f"jaxrl_hf: model.dtype=auto: {dtype} ({why})", file=sys.stderr, flush=True)
+    return dataclasses.replace(config, model=dataclasses.replace(config.model, dtype=dtype))
 
 
 def _number(value: Any) -> str:

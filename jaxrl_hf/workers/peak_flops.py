@@ -2,10 +2,11 @@
 
 MFU needs a peak. A GPU's datasheet number is known (``trainer.peak_flops_per_device``); a CPU's is not, and a
 datasheet number would not say what XLA reaches there anyway. So when no peak is configured, the actor worker
-times short jitted square matmuls in the model's compute dtype (``model.dtype``) on its first device and takes the
-best rate seen: the best the host does in that dtype (dtypes differ widely between CPUs: one with AMX tiles
-multiplies bfloat16 several times faster than float32, one without may be slower in bfloat16). XLA:CPU host devices share the host's cores, so on CPU the measured rate
-is divided among the host's devices.
+times short jitted square matmuls in each compute dtype on its first device and takes the best rate seen in any
+of them: what the host can do (dtypes differ widely between CPUs: one with AMX tiles multiplies bfloat16 several
+times faster than float32, one without may be slower in bfloat16). The same rates choose ``model.dtype=auto``
+(`resolve_compute_dtype`). XLA:CPU host devices share the host's cores, so on CPU the measured rate is divided
+among the host's devices.
 
 The result is cached in a small JSON file keyed by platform, device kind, core count, dtype and JAX version
 (``$JAXRL_HF_PEAK_CACHE``, default ``~/.cache/jaxrl_hf/peak_flops.json``), so only a machine's first run pays the
@@ -109,13 +110,39 @@ def peak_flops_per_device(configured: float | None = None, processes_per_host: i
     return measured_peak(device, dtype) / shared
 
 
+COMPUTE_DTYPES = ("float32", "bfloat16")
+
+
+def best_peak(device: Any) -> tuple[str, float]:
+    """(the dtype, its rate) of the fastest of `COMPUTE_DTYPES` on ``device`` (each measured once, cached)."""
+    rates = {dtype: measured_peak(device, dtype) for dtype in COMPUTE_DTYPES}
+    fastest = max(rates, key=rates.get)
+    return fastest, rates[fastest]
+
+
+def resolve_compute_dtype(dtype: str, accelerator: bool) -> tuple[str, str]:
+    """``model.dtype`` as a worker computes in it: ``auto`` becomes ``bfloat16`` with an accelerator (tensor
+    cores), else the faster of `COMPUTE_DTYPES` on this host's CPU (`best_peak`); any other value stays. Returns
+    (dtype, why)."""
+    if dtype != "auto":
+        return dtype, "as configured"
+    if accelerator:
+        return "bfloat16", "an accelerator's tensor cores"
+    device = jax.devices("cpu")[0]
+    fastest, rate = best_peak(device)
+    rates = ", ".join(f"{d} {measured_peak(device, d) / 1e9:.0f} GFLOP/s" for d in COMPUTE_DTYPES)
+    return fastest, f"the faster on this host's CPU ({rates})"
+
+
 def mfu_summary(model_config: Any, params: Any, configured: float | None, processes_per_host: int) -> dict[str, Any]:
     """What the driver needs for ``perf/mfu/actor``: the model's matmul parameter count (the full model's, also
     under LoRA; an untied input embedding is a lookup, left out), its layers, attention width (heads × head_dim)
-    and the peak FLOP/s per device in its compute dtype."""
+    and the peak FLOP/s per device: the best rate the device reaches in any of `COMPUTE_DTYPES` (so an MFU is of what
+    the machine can do, whichever dtype the model computes in), or ``configured``."""
     total = int(sum(x.size for x in jax.tree.leaves(params)))
     lookup = 0 if model_config.tie_word_embeddings else model_config.vocab_size * model_config.hidden_size
     return {"model_params": total - lookup,  # the input embedding is a gather, not a matmul (unless tied)
             "num_layers": int(model_config.num_hidden_layers),
             "attn_dim": int(model_config.num_attention_heads * model_config.head_dim),
-            "peak_flops_per_device": peak_flops_per_device(configured, processes_per_host, model_config.dtype)}
+            "peak_flops_per_device": max(peak_flops_per_device(configured, processes_per_host, dtype)
+                                         for dtype in COMPUTE_DTYPES)}
