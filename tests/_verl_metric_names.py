@@ -8,8 +8,8 @@
   prefixes them (verl's ``rename_dict``); the critic's from ``value_loss``'s source; the trainer's own
   (``training/*``, ``actor/entropy``, ``actor/reward_kl_penalty*``) from ``ray_trainer.py``.
 
-Left out, with the reason: the torch allocator's ``perf/max_memory_*`` / ``perf/cpu_memory_used_gb`` (a torch
-device's counters; a JAX worker has no such allocator) and the profiler / dump stages (``start_profile``,
+Left out, with the reason: the device allocator's ``<role>/perf/max_memory_*`` where the backend keeps no such
+counters (XLA:CPU's ``memory_stats()`` is None) and the profiler / dump stages (``start_profile``,
 ``stop_profile``, ``dump_rollout_generations``: timed only when those features are on).
 """
 
@@ -20,7 +20,7 @@ import inspect
 import re
 
 NOT_TIMED = {"start_profile", "stop_profile", "dump_rollout_generations"}
-TORCH_ALLOCATOR = re.compile(r"perf/(max_memory_\w+|cpu_memory_used_gb)$")
+DEVICE_ALLOCATOR = re.compile(r"perf/max_memory_\w+$")
 
 
 def _literal_keys(source: str, target: str) -> set[str]:
@@ -102,10 +102,13 @@ def verl_metric_names(*, use_critic: bool, use_kl_loss: bool, kl_in_reward: bool
     names |= set(renamed)
     if use_critic:
         critic = set(re.findall(r'"(critic/\w+)":', inspect.getsource(losses.value_loss)))
-        critic |= {f"critic/{k}" for k in _literal_keys(_source("verl.workers.engine_workers"), "final_metrics")
-                   if "/" not in k and k != "mfu"}
+        critic |= set(rename_dict({k: 0.0 for k in _literal_keys(_source("verl.workers.engine_workers"), "final_metrics")
+                                   if k != "mfu"}, "critic/"))
         names |= critic | {"perf/mfu/critic"}
     names |= {"training/global_step", "training/epoch", "actor/entropy"}
     if kl_in_reward:
         names |= {"actor/reward_kl_penalty", "actor/reward_kl_penalty_coeff"}
-    return {n for n in names if not TORCH_ALLOCATOR.search(n.removeprefix("actor/").removeprefix("critic/"))}
+    import jax
+
+    counters = jax.local_devices()[0].memory_stats() is not None
+    return {n for n in names if counters or not DEVICE_ALLOCATOR.search(n)}

@@ -69,3 +69,24 @@ def test_timing_and_throughput_metrics_equal_verls():
     verl = {**compute_timing_metrics(data, timings), **compute_throughout_metrics(data, timings, n_gpus=2)}
     ours = {**timing_metrics(timings, batch), **throughput_metrics(batch, timings, num_devices=2)}
     assert_same(ours, verl, verl)
+
+
+def test_memory_metrics_read_the_device_allocator_where_it_counts(monkeypatch):
+    """verl's ``<role>/perf/*`` memory names: the host's used memory everywhere; the device allocator's peaks from
+    JAX's ``memory_stats()`` where the backend keeps them (a GPU's counters, given here as a GPU reports them)."""
+    import jax
+
+    from jaxrl_hf.workers import memory_metrics as mm
+
+    host = mm.memory_metrics("actor/")
+    assert 0 < host["actor/perf/cpu_memory_used_gb"] < 1e4
+    if jax.local_devices()[0].memory_stats() is None:
+        assert "actor/perf/max_memory_allocated_gb" not in host
+
+    class Device:
+        def memory_stats(self):
+            return {"peak_bytes_in_use": 3 << 30, "bytes_limit": 70 << 30}
+
+    monkeypatch.setattr(mm.jax, "local_devices", lambda: [Device()])
+    gpu = mm.memory_metrics("critic/")
+    assert gpu["critic/perf/max_memory_allocated_gb"] == 3.0 and gpu["critic/perf/max_memory_reserved_gb"] == 70.0

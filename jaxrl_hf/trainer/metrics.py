@@ -175,5 +175,6 @@ class StageTimer:
 
 
 def is_wall_clock_metric(name: str) -> bool:
-    """Metrics that depend on wall-clock time (excluded from determinism comparisons)."""
-    return name.startswith(("timing_s/", "timing_per_token_ms/", "perf/"))
+    """Metrics that depend on wall-clock time or the machine's state (a role's ``<role>/perf/*`` memory counters):
+    excluded from determinism comparisons."""
+    return name.startswith(("timing_s/", "timing_per_token_ms/", "perf/")) or "/perf/" in name

@@ -49,6 +49,7 @@ from jaxrl_hf.config.schema import RunConfig
 from jaxrl_hf.controller import PAD_ROWS_KEY, Batch, Dispatch, Worker, register
 from jaxrl_hf.models import pair_matmul, param_logical_axes
 from jaxrl_hf.models.pretrained import tokenizer_dir
+from jaxrl_hf.workers.memory_metrics import memory_metrics
 from jaxrl_hf.rollout import ENGINE_NAMES, JaxGenerationEngine, RolloutEngine, SamplingParams, make_rollout_engine
 from jaxrl_hf.rollout.loops import RolloutRequest, make_rollout_loop
 from jaxrl_hf.workers import checkpoint as ckpt
@@ -404,6 +405,7 @@ class ActorRolloutRefWorker(Worker):
             collected.append(metrics)
         metrics = {**mean_metrics(collected, prefix="actor/", last=("lr",)), **update.padding_metrics("actor/"),
                    "actor/shared_prompt_forward": float(shared), "actor/packed_group_rows": float(packed)}
+        metrics.update(memory_metrics("actor/"))
         if self.loss_cfg.use_kl_loss:  # verl logs the KL loss's coefficient beside it
             metrics["actor/kl_coef"] = float(self.loss_cfg.kl_loss_coef)
         if self.layout is None:

@@ -27,6 +27,7 @@ from jaxrl_hf.workers.fused_adamw import fused_update_for
 from jaxrl_hf.workers.minibatch import iterate_minibatches, mean_metrics
 from jaxrl_hf.workers.optim import make_optimizer, update_schedule_step
 from jaxrl_hf.workers.packed_forward import packed_value_fn
+from jaxrl_hf.workers.memory_metrics import memory_metrics
 from jaxrl_hf.workers.peak_flops import mfu_summary
 from jaxrl_hf.workers.token_batches import critic_micro_batching, has_response_tokens
 from jaxrl_hf.workers.train_step import TrainState, init_train_state, make_train_step, train_state_shardings
@@ -156,7 +157,8 @@ class CriticWorker(Worker):
             placed = {k: to_global(v, self.mesh, self.dp_processes, micro_axis=True) for k, v in micro.items()}
             self.state, metrics = self._train_step(self.state, placed, lr_step)
             collected.append(metrics)
-        metrics = {**mean_metrics(collected, prefix="critic/", last=("lr",)), **update.padding_metrics("critic/")}
+        metrics = {**mean_metrics(collected, prefix="critic/", last=("lr",)), **update.padding_metrics("critic/"),
+                   **memory_metrics("critic/")}
         return Batch.from_dict({}, meta_info={"metrics": metrics})
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
