@@ -77,7 +77,7 @@ def test_the_tunables_stop_a_freed_block_from_being_faulted_in_again():
     per allocation. With the tunables the freed block stays in the heap and the next allocation reuses it. (A
     jitted call's output buffer showed the same in a quiet process but not always under the test suite, where
     JAX's asynchronous frees can interleave; the effect on XLA's temporaries is measured by
-    launch/bench/bench_host_malloc.py.)"""
+    bench_host_malloc.py (removed; docs/perf_log/2026-11.md).)"""
     system = _faults_in_a_process(None)
     reuse = _faults_in_a_process(KEEP_FREED_MEMORY)
     page = os.sysconf("SC_PAGE_SIZE")

@@ -62,7 +62,7 @@ class ModelConfig:
     """Run the decoder layers as one XLA loop (``true``: compile time independent of depth) or unrolled
     (``false``: one straight-line program; the parameters stay stacked the same way). MaxText's key. Unrolled
     compiles in time proportional to depth; where a backend copies a loop's stacked activations every layer it
-    can run faster (measured per machine: ``launch/bench/bench_layer_loop.py``, docs/BENCHMARKS.md). Generation
+    can run faster (measured per machine: ``bench_layer_loop.py`` (removed; docs/perf_log/2026-11.md)). Generation
     always keeps the loop. Large models keep ``true``."""
     seed: int = 0
     use_remove_padding: bool = False

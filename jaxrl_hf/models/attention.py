@@ -115,7 +115,7 @@ def head_batched_attention(q: Array, k: Array, v: Array, mask: Array, scale: flo
     """`masked_attention` with both products as matmuls batched over (row, kv head), kept as two batch dimensions
     (a mesh shards them apart: rows over dp, kv heads over tp), each head group's queries one ``[groups·T, D]``
     matrix, as `cached_attention` reads its cache; used by the packed update (`shared_prompt_attention.
-    shared_prefix_attention`; its speed against the 5-d contractions: `launch/bench/bench_update_forms.py`).
+    shared_prefix_attention`; its speed against the 5-d contractions: ``bench_update_forms.py`` (removed; docs/perf_log/2026-11.md)).
     Generation keeps `masked_attention`."""
     b, t, heads, groups, d = q.shape
     s = k.shape[1]

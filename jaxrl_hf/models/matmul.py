@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from jaxrl_hf.models import pair_matmul
 
 # XLA:CPU's bf16 dot (YNNPACK) can run slower at some row counts below 65 once K > 1024 (found with
-# `launch/bench/bench_matmul_rows.py`, which measures it per machine). On a CPU backend a row count in
+# ``bench_matmul_rows.py`` (removed; docs/perf_log/2026-11.md), which measures it per machine). On a CPU backend a row count in
 # ``[lo, hi]`` is computed as ``to`` rows (zero rows appended, dropped after): (lo, hi, to).
 CPU_DOT_ROW_PADDING = ((40, 45, 46), (49, 55, 56), (61, 64, 65))
 SLOW_CPU_MIN_K = 1025
@@ -93,7 +93,7 @@ def lm_head_matmul(x: jnp.ndarray, w: jnp.ndarray, targets: jnp.ndarray, w_trans
 
     ``∂z`` is ``g·(onehot(y) − p)`` plus an entropy term: its one large entry, at ``y``, is taken exactly in
     float32, and the rest, ``p``-sized and of both signs, is rounded to bf16 with its relative error, so the products
-    run as bf16 matmuls (the default update 1.02-1.03x faster, `launch/bench/bench_update_forms.py`). Rounding all of ``∂z`` biased ``∂x``: the ``−1`` of the
+    run as bf16 matmuls (the default update 1.02-1.03x faster, ``bench_update_forms.py`` (removed; docs/perf_log/2026-11.md)). Rounding all of ``∂z`` biased ``∂x``: the ``−1`` of the
     one-hot does not cancel (`tests/test_models_lm_head_matmul.py`). An untied ``w`` (``[E, V]``) keeps the
     float32 ``∂W`` of `matmul_f32_accumulate`. Each row's ``W_y`` is gathered along the vocabulary as the
     leading axis: a gather along axis 1 of a vocabulary-sharded ``[E, V]`` came out wrong inside the sharded

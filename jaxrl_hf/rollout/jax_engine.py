@@ -51,7 +51,7 @@ def cache_storage_dtype(cache_dtype: str, config: DecoderConfig, as_bits: bool) 
     XLA:CPU has no in-place 16-bit float ``dynamic-update-slice`` or ``dynamic-slice``: a bf16 cache would be
     converted to float32 and back as a whole to write one slot and sliced through float32 per layer. As
     integers it is written in place and each layer's slots are read as stored; the numbers are the same
-    (``launch/bench/bench_kv_cache_dtype.py``)."""
+    (``bench_kv_cache_dtype.py`` (removed; docs/perf_log/2026-11.md))."""
     if as_bits and cache_dtype == config.dtype and jnp.dtype(cache_dtype).itemsize == 2:
         return "uint16"
     return cache_dtype
@@ -234,7 +234,7 @@ class JaxGenerationEngine:
         if (mesh is None) != (rules is None):
             raise ValueError("JaxGenerationEngine: pass both mesh and rules, or neither")
         # Decoding keeps the layer loop whatever model.scan_layers says for training: an unrolled f32 decode
-        # step ran at 0.53x the scanned one's tokens/s here (launch/bench/bench_layer_loop.py).
+        # step ran at 0.53x the scanned one's tokens/s here (bench_layer_loop.py (removed; docs/perf_log/2026-11.md)).
         config = dataclasses.replace(config, scan_layers=True)
         self.config = config
         self.pad_token_id = int(pad_token_id)
@@ -247,7 +247,7 @@ class JaxGenerationEngine:
         # a float32 cache's layers are unrolled over per-layer weights and caches (`models.layer_unrolled`; 1.27x
         # tokens/s at 64 x 128). A 16-bit cache has no in-place write there (each per-layer write converts the
         # whole cache): bf16 stays scanned over its bit patterns (unrolled 1.03-1.09x at 32 new tokens, 1.18x at
-        # 128, launch/bench/bench_decode_layers.py; no faster in the default DAPO run's generations).
+        # 128, bench_decode_layers.py (removed; docs/perf_log/2026-11.md); no faster in the default DAPO run's generations).
         wide = jnp.dtype(self.cache_dtype).itemsize == 4
         self.unroll_layers = _on_cpu(mesh) and wide if unroll_layers is None else bool(unroll_layers)
         as_bits = _on_cpu(mesh) and not self.unroll_layers if cache_as_bits is None else bool(cache_as_bits)

@@ -13,7 +13,7 @@ def length_buckets(largest: int = 8192) -> tuple[int, ...]:
     ``largest``): a prompt of 9 or more tokens is padded by at most 7 tokens or a fifth of its bucket, against up
     to half with powers of two; each bucket used is one more compiled generate program. (64 rows of 34-39-token
     prompts, 128 new tokens in bf16: a 40-slot prefill and 168 cache slots instead of 64 and 192, 1.16x tokens/s:
-    docs/BENCHMARKS.md.)"""
+    docs/perf_log/2026-11.md.)"""
     sizes = list(range(16, 65, 8))
     while sizes[-1] < largest:
         base = sizes[-1]

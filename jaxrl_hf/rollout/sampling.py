@@ -37,7 +37,7 @@ def top_k_filter(logits: jnp.ndarray, k: int) -> jnp.ndarray:
 NUCLEUS_CANDIDATES = 256
 """Tokens the top-p filter first looks among (``lax.top_k``); a row whose nucleus is larger falls back to a full
 sort of its vocabulary (``lax.top_k`` of 256 costs far less than a sort of a 49k vocabulary:
-``launch/bench/bench_sampling.py``)."""
+``bench_sampling.py`` (removed; docs/perf_log/2026-11.md))."""
 
 
 def _nucleus_cutoff(sorted_logits: jnp.ndarray, log_norm: jnp.ndarray, p: float | jnp.ndarray) -> tuple:
@@ -80,7 +80,7 @@ def categorical_by_inverse_cdf(keys: jax.Array, logits: jnp.ndarray) -> jnp.ndar
     per row: token = #{i : C_i <= u * C_V}, C = cumsum(softmax(logits)), u ~ U[0, 1) from the row's key.
 
     The same distribution as ``jax.random.categorical`` (Gumbel-max), with one uniform per row instead of one per
-    vocabulary entry (``launch/bench/bench_sampling.py``, docs/BENCHMARKS.md)."""
+    vocabulary entry (``bench_sampling.py`` (removed; docs/perf_log/2026-11.md))."""
     probs = jax.nn.softmax(logits, axis=-1)
     cdf = jnp.cumsum(probs, axis=-1)
     u = jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float32))(keys)

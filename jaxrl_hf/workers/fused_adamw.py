@@ -4,7 +4,7 @@ XLA:CPU runs optax's ``clip_by_global_norm`` + ``adamw`` + ``apply_updates`` as 
 clipped gradient is written out (its division is not duplicated into its two readers), the first and second
 moments are written and read back by the parameter's fusion: ~56 bytes of memory traffic a parameter. The
 kernel (``models/kernels/clip_adamw.cc``) reads ``g, p, m, v`` once and writes ``p, m, v`` in place (28 bytes;
-timed against optax's by ``launch/bench/bench_optimizer_update.py``). Same formula, float32 throughout; the scalar divisions are
+timed against optax's by ``bench_optimizer_update.py`` (removed; docs/perf_log/2026-11.md)). Same formula, float32 throughout; the scalar divisions are
 multiplications by reciprocals and the products' sums fused multiply-adds, so a value may differ from optax's by
 float32 rounding: both stay within 1.5 float32 roundings of the terms they sum of AdamW in float64
 (`tests/test_workers_fused_adamw.py`).
@@ -139,7 +139,7 @@ def fused_update_for(optim: OptimConfig, grad_clip: float | None, params: Any,
     none, the kernels available), else ``None`` (the train step keeps optax's update). ``unrolled_layers``: the
     model's layer count where its forward unrolls the stacked layers (``model.scan_layers: false``); the update then
     takes per-layer gradients (`FusedClipAdamW.layers`) where ``params`` hold those stacked layers, unless
-    ``JAXRL_HF_PER_LAYER_GRADS=0`` (``launch/bench/bench_update_grads.py`` compares the two)."""
+    ``JAXRL_HF_PER_LAYER_GRADS=0`` (``bench_update_grads.py`` (removed; docs/perf_log/2026-11.md) compares the two)."""
     devices = mesh.devices.flat if mesh is not None else jax.devices()[:1]
     if (mesh is not None and mesh.size != 1) or any(d.platform != "cpu" for d in devices):
         return None
