@@ -171,3 +171,17 @@ def test_cli_reports_bad_key_and_exits_2():
                           capture_output=True, text=True, timeout=120, cwd=REPO)
     assert proc.returncode == 2, proc.stderr
     assert "actor.clip_ratio_hgih" in proc.stderr and "clip_ratio_high" in proc.stderr
+
+
+def test_tensor_parallel_size_must_split_the_heads_at_config_time():
+    """The tiny model's 4 attention heads and 2 key/value heads cannot go over 4 tensor-parallel devices: refused
+    when the config is loaded (naming the key, the head counts and the valid sizes), before any process starts."""
+    with pytest.raises(ConfigError) as err:
+        load_config("grpo", preset="smoke", overrides=["placement.devices_per_process=4", "placement.train.tp=4",
+                                                       "placement.train.dp=1"])
+    message = str(err.value)
+    assert "config key 'placement.train.tp'=4" in message and "4 attention heads and 2 key/value heads" in message
+    assert "valid: [1, 2]" in message
+    config = load_config("grpo", preset="smoke", overrides=["placement.devices_per_process=4", "placement.train.tp=2",
+                                                            "placement.train.dp=2"])
+    assert config.placement.train.tp == 2

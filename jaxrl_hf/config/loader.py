@@ -160,12 +160,13 @@ def preset_path(name: str) -> Path:
 
 
 def load_config_with_report(algo: str, preset: str | Sequence[str] | None = None, overrides: Iterable[str] = (),
-                            imports: Iterable[str] = (), check_paths: bool = True) -> tuple[RunConfig, KeyReport]:
+                            imports: Iterable[str] = (), check_paths: bool = True,
+                            check_model: bool = True) -> tuple[RunConfig, KeyReport]:
     """`load_config` and the `KeyReport` of its keys (verl keys renamed, accepted with no effect and why).
 
     Every key of every layer is checked before anything is raised: the ``ConfigError`` lists all unknown and
     unsupported keys at once. ``check_paths=False`` (``--dry-run``) skips the checks that files and directories
-    exist (`jaxrl_hf.config.validate_paths`)."""
+    exist (`jaxrl_hf.config.validate_paths`); ``check_model=False`` those against ``model.path``'s shape."""
     if algo not in ALGOS:
         raise ConfigError(f"unknown algorithm {algo!r}; valid: {list(ALGOS)}")
     data = RunConfig(algo=algo).to_dict()
@@ -187,7 +188,7 @@ def load_config_with_report(algo: str, preset: str | Sequence[str] | None = None
         config = build_dataclass(RunConfig, data)
         config = import_config_modules(dataclasses.replace(config, imports=[*config.imports, *imports]))
         config = resolve_defaults(config)
-        validate_config(config, check_paths=check_paths)
+        validate_config(config, check_paths=check_paths, check_model=check_model)
     except ConfigError as err:
         origins = [f"'{target}' is verl's '{key}'" for key, target in report.renamed if f"'{target}'" in str(err)]
         raise ConfigError(f"{err} ({'; '.join(origins)})" if origins else str(err)) from None
@@ -195,13 +196,13 @@ def load_config_with_report(algo: str, preset: str | Sequence[str] | None = None
 
 
 def load_config(algo: str, preset: str | Sequence[str] | None = None, overrides: Iterable[str] = (),
-                imports: Iterable[str] = ()) -> RunConfig:
+                imports: Iterable[str] = (), check_model: bool = True) -> RunConfig:
     """The validated ``RunConfig`` for ``algo`` with ``preset`` (name, comma list or paths) and overrides.
 
     ``imports`` (``launch/train.py --import``) are added to the config's ``imports``; all of them are imported
     before the config is validated (`import_config_modules`). verl keys accepted with no effect are logged as
     warnings, one each with its reason."""
-    config, report = load_config_with_report(algo, preset, overrides, imports)
+    config, report = load_config_with_report(algo, preset, overrides, imports, check_model=check_model)
     for key, reason in report.ignored:
         logging.getLogger("jaxrl_hf.config").warning("config key '%s' is accepted but has no effect: %s", key, reason)
     return config

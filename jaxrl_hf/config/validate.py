@@ -330,11 +330,31 @@ def check_lora(config: RunConfig) -> None:
             _fail("model.target_modules", m.target_modules, str(e))
 
 
-def validate_config(config: RunConfig, check_paths: bool = True) -> None:
+def check_parallel_heads(config: RunConfig) -> None:
+    """Tensor parallelism splits the attention heads and the key/value heads over ``placement.train.tp`` devices
+    (and over ``placement.generate.tp``, which divides it): both head counts must be divisible, or the model cannot
+    be laid out. Checked where the model's shape can be read without loading it (`validate_paths.model_heads`)."""
+    from jaxrl_hf.config.validate_paths import model_heads
+
+    tp = config.placement.train.tp
+    shape = model_heads(config.model) if tp > 1 else None
+    if shape is None:
+        return
+    heads, kv_heads, where = shape
+    if heads % tp or kv_heads % tp:
+        valid = [k for k in range(1, heads + 1) if heads % k == 0 and kv_heads % k == 0]
+        _fail("placement.train.tp", tp, f"tensor parallelism splits the model's {heads} attention heads and "
+              f"{kv_heads} key/value heads ({where}) over tp devices: both must be divisible; valid: {valid}")
+
+
+def validate_config(config: RunConfig, check_paths: bool = True, check_model: bool = True) -> None:
     """All checks; raises ``ConfigError`` on the first problem. ``check_paths=False`` (a dry run) skips the checks
-    that files and directories exist (`jaxrl_hf.config.validate_paths`)."""
+    that files and directories exist (`jaxrl_hf.config.validate_paths`); ``check_model=False`` those against the
+    shape of ``model.path`` (a memory plan, whose model is given apart)."""
     check_registered_names(config)
     check_placement(config)
+    if check_model:
+        check_parallel_heads(config)
     check_sequence_parallel(config)
     check_batch_arithmetic(config)
     check_micro_batching(config)

@@ -57,6 +57,35 @@ def path_problems(config: RunConfig) -> list[tuple[str, object, str]]:
     return out
 
 
+def model_heads(model) -> tuple[int, int, str] | None:
+    """(attention heads, key/value heads, where they were read) of ``model`` (a ``ModelConfig``) without loading
+    any weight: ``model.tiny`` for ``tiny-random``; else the ``config.json`` of the model directory (a known name's
+    converted copy, an HF directory, a cached hub id); None where there is none to read here."""
+    import json
+
+    if model.path == "tiny-random":
+        return model.tiny.num_heads, model.tiny.num_kv_heads, "model.tiny"
+    from jaxrl_hf.models.hub_cache import ModelNotCachedError, is_hub_id, resolve_hub_id
+    from jaxrl_hf.models.pretrained import KNOWN_MODELS, cache_root
+
+    path = model.path
+    if path.lower() in KNOWN_MODELS:
+        path = os.path.join(cache_root(), KNOWN_MODELS[path.lower()].cache_name)
+    elif is_hub_id(path):
+        try:
+            path = resolve_hub_id(path)
+        except ModelNotCachedError:
+            return None
+    file = os.path.join(path, "config.json")
+    try:
+        with open(file, encoding="utf-8") as fh:
+            hf = json.load(fh)
+        heads = int(hf["num_attention_heads"])
+        return heads, int(hf.get("num_key_value_heads") or heads), file
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None  # no readable config.json: the model checks report it
+
+
 def vllm_model_problem(path: str) -> str | None:
     """Why ``rollout.name=vllm`` cannot serve the HF model at ``path`` (`jaxrl_hf.models.vllm_support`), or None."""
     from jaxrl_hf.models.config import DecoderConfig

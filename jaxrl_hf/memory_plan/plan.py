@@ -129,14 +129,14 @@ def load_plan_config(args: Sequence[str], devices: int, algo: str = "dapo") -> t
     overrides = [*PLAN_DEFAULTS, *_cluster_overrides(keys, devices), *keys.overrides]
     try:
         try:
-            config = load_config(algo, overrides=overrides)
+            config = load_config(algo, overrides=overrides, check_model=False)  # the planned model is --model
             _check_generation_layout(config)
             return _with_some_length(config), keys
         except (ConfigError, WorkerConfigError):
             fixes = _runnable_layout(keys)
             if not fixes:
                 raise
-        config = load_config(algo, overrides=overrides + [text for text, _ in fixes])
+        config = load_config(algo, overrides=overrides + [text for text, _ in fixes], check_model=False)
         _check_generation_layout(config)
     except ConfigError as err:
         raise ValueError(str(err)) from None
