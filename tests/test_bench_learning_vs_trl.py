@@ -60,7 +60,7 @@ def test_our_config_maps_to_matching_trl_arguments(bench, algo, loss_type, eps_h
 
 @pytest.mark.parametrize("override, needle", [
     ("actor.loss_agg_mode=seq-mean-token-sum", "loss_agg_mode"),
-    ("actor.ppo_mini_batch_size=2", "one optimizer step"),
+    ("actor.ppo_epochs=2", "one optimizer step"),
     ("algorithm.filter_groups.enable=true", "dynamic sampling"),
     ("actor.entropy_coeff=0.01", "entropy_coeff"),
 ])
@@ -85,6 +85,8 @@ def test_summary_and_table_over_seeds(bench):
     assert ours["heldout_acc"] == pytest.approx([0.15, 0.4]) and ours["heldout_acc_std"] == pytest.approx([0.05, 0.1])
     assert ours["eval_wall_s"] == pytest.approx([11.0, 60.0]) and trl["heldout_acc"] == pytest.approx([0.1, 0.3])
     table = bench.format_table({"ours": ours, "trl": trl})
-    assert "| 4 | 0.400 ± 0.100 | 0.300 ± 0.100 | 60 | 100 |" in table
+    assert "| 4 | 0.400 ± 0.100 | 0.300 ± 0.100 | 60 (60) | 100 (100) |" in table
+    timed = bench.summarise_side([{**seed(0, [0.1, 0.3], [10.0, 50.0]), "eval_s": [2.0, 3.0]}])
+    assert timed["train_wall_s"] == pytest.approx([8.0, 45.0]) and timed["eval_wall_s"] == pytest.approx([10.0, 50.0])
     with pytest.raises(ValueError, match="evaluated at"):
         bench.summarise_side([seed(0, [0.1, 0.2], [1.0, 2.0]), {**seed(1, [0.1], [1.0]), "eval_steps": [0]}])

@@ -383,20 +383,25 @@ def summarise_side(per_seed: list[dict]) -> dict:
             raise ValueError(f"seed {s['seed']} evaluated at {s['eval_steps']}, seed {per_seed[0]['seed']} at {steps}")
     acc, acc_std = _mean_std([s["heldout_acc"] for s in per_seed])
     wall, wall_std = _mean_std([s["eval_wall_s"] for s in per_seed])
+    # the same clock less the evaluations' own seconds so far: training time alone (the two sides' evaluation
+    # code differs: our trainer's validation vs this script's transformers.generate callback)
+    train_wall, _ = _mean_std([[w - sum(s["eval_s"][: i + 1]) for i, w in enumerate(s["eval_wall_s"])]
+                               if "eval_s" in s else s["eval_wall_s"] for s in per_seed])
     return {"eval_steps": steps, "heldout_acc": acc, "heldout_acc_std": acc_std, "eval_wall_s": wall,
-            "eval_wall_s_std": wall_std, "wall_s": statistics.fmean(s["wall_s"] for s in per_seed),
-            "per_seed": per_seed}
+            "eval_wall_s_std": wall_std, "train_wall_s": train_wall,
+            "wall_s": statistics.fmean(s["wall_s"] for s in per_seed), "per_seed": per_seed}
 
 
 def format_table(result: dict) -> str:
     o, t = result["ours"], result["trl"]
     n = len(o["per_seed"])
-    lines = [f"| step | ours mean ± std (n={n}) | TRL mean ± std (n={len(t['per_seed'])}) | ours wall s | TRL wall s |",
-             "|---:|---:|---:|---:|---:|"]
+    lines = [f"| step | ours mean ± std (n={n}) | TRL mean ± std (n={len(t['per_seed'])}) | ours wall s (train only) "
+             f"| TRL wall s (train only) |", "|---:|---:|---:|---:|---:|"]
     for i, step in enumerate(o["eval_steps"]):
+        ow, tw = o.get("train_wall_s", o["eval_wall_s"]), t.get("train_wall_s", t["eval_wall_s"])
         lines.append(f"| {step} | {o['heldout_acc'][i]:.3f} ± {o['heldout_acc_std'][i]:.3f} | "
-                     f"{t['heldout_acc'][i]:.3f} ± {t['heldout_acc_std'][i]:.3f} | {o['eval_wall_s'][i]:.0f} | "
-                     f"{t['eval_wall_s'][i]:.0f} |")
+                     f"{t['heldout_acc'][i]:.3f} ± {t['heldout_acc_std'][i]:.3f} | {o['eval_wall_s'][i]:.0f} ({ow[i]:.0f}) | "
+                     f"{t['eval_wall_s'][i]:.0f} ({tw[i]:.0f}) |")
     return "\n".join(lines)
 
 
@@ -410,16 +415,19 @@ def plot(result: dict, path: str) -> None:
         print("bench_learning_vs_trl: matplotlib is not importable; no plot written", file=sys.stderr)
         return
     s = result["settings"]
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.2))
     for side, label, color in (("ours", "jaxrl_hf", "tab:blue"), ("trl", "TRL GRPOTrainer", "tab:orange")):
         d = result[side]
         mean, std = d["heldout_acc"], d["heldout_acc_std"]
         lo, hi = [m - e for m, e in zip(mean, std)], [m + e for m, e in zip(mean, std)]
-        for ax, x in ((axes[0], d["eval_steps"]), (axes[1], [w / 60 for w in d["eval_wall_s"]])):
+        train_wall = d.get("train_wall_s", d["eval_wall_s"])
+        for ax, x in ((axes[0], d["eval_steps"]), (axes[1], [w / 60 for w in d["eval_wall_s"]]),
+                      (axes[2], [w / 60 for w in train_wall])):
             ax.plot(x, mean, "o-", color=color, label=f"{label} (n={len(d['per_seed'])} seeds)")
             ax.fill_between(x, lo, hi, color=color, alpha=0.2)
     axes[0].set_xlabel("RL step")
     axes[1].set_xlabel("wall minutes since the step-0 evaluation began")
+    axes[2].set_xlabel("the same, less the evaluations' own time (training only)")
     for ax in axes:
         ax.set_ylabel(f"held-out mean@{s['val_n']} accuracy")
         ax.grid(alpha=0.3)
@@ -484,7 +492,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.from_json:
         with open(args.from_json) as fh:
-            return report(json.load(fh), args.json, args.plot)
+            result = json.load(fh)
+        for side in ("ours", "trl"):  # re-summarised from the per-seed curves (a file of an older version too)
+            result[side] = summarise_side(result[side]["per_seed"])
+        return report(result, args.json, args.plot)
     if args.side == "trl":
         with open(args.spec) as fh:
             out = run_trl_seed(json.load(fh))
