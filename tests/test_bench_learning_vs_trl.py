@@ -90,3 +90,24 @@ def test_summary_and_table_over_seeds(bench):
     assert timed["train_wall_s"] == pytest.approx([8.0, 45.0]) and timed["eval_wall_s"] == pytest.approx([10.0, 50.0])
     with pytest.raises(ValueError, match="evaluated at"):
         bench.summarise_side([seed(0, [0.1, 0.2], [1.0, 2.0]), {**seed(1, [0.1], [1.0]), "eval_steps": [0]}])
+
+
+def test_runs_of_other_seeds_merge_into_one_comparison(bench):
+    """Seeds run in separate sessions (``--first-seed``) pool into one mean ± std per side (``--merge``); runs of
+    other settings, or the same seed twice, are refused."""
+    def run(seeds, curves, lr=1e-5):
+        def side(offset):
+            return bench.summarise_side([{"seed": s, "eval_steps": [0, 4], "heldout_acc": [c + offset, c + 0.1],
+                                          "eval_wall_s": [0.0, 10.0], "wall_s": 12.0} for s, c in zip(seeds, curves)])
+        return {"settings": {"algo": "grpo", "lr": lr, "seeds": seeds, "date": "x", "ours_overrides": [seeds[0]],
+                             "trl_kwargs": {"seed": seeds[0]}, "hf_dir": "d"}, "ours": side(0.0), "trl": side(0.01)}
+
+    merged = bench.merge_results([run([0], [0.1]), run([1, 2], [0.2, 0.3])])
+    assert merged["settings"]["seeds"] == [0, 1, 2] and len(merged["ours"]["per_seed"]) == 3
+    assert merged["ours"]["heldout_acc"] == pytest.approx([0.2, 0.3])
+    assert merged["trl"]["heldout_acc"] == pytest.approx([0.21, 0.3])
+    with pytest.raises(ValueError, match=r"differ in \['lr'\]"):
+        bench.merge_results([run([0], [0.1]), run([1], [0.2], lr=2e-5)])
+    with pytest.raises(ValueError, match="appears twice"):
+        bench.merge_results([run([0], [0.1]), run([0], [0.2])])
+    assert bench.parse_args(["--seeds", "1", "--first-seed", "2"]).first_seed == 2

@@ -1,6 +1,8 @@
 """Learning curve of our trainer vs TRL's GRPOTrainer on the same task: held-out accuracy at fixed steps.
 
     python launch/bench/bench_learning_vs_trl.py [--algo grpo|dapo] --seeds N --steps K --json OUT [--plot PNG]
+    python launch/bench/bench_learning_vs_trl.py ... --seeds 1 --first-seed 2 --json OUT2   # one more seed
+    python launch/bench/bench_learning_vs_trl.py --merge OUT OUT2 [--json MERGED] [--plot PNG]
     python launch/bench/bench_learning_vs_trl.py --from-json OUT [--plot PNG]     # re-print / re-plot
     python launch/bench/bench_learning_vs_trl.py --side trl --spec SPEC --json OUT   # one TRL seed (what the parent runs)
 
@@ -463,6 +465,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--algo", choices=("grpo", "dapo"), default="grpo")
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--first-seed", type=int, default=0, help="seeds FIRST..FIRST+N-1 (runs of separate "
+                        "sessions, each a few seeds, combine with --merge)")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--eval-every", type=int, default=4)
     parser.add_argument("--prompts", type=int, default=4, help="prompts per RL step")
@@ -480,6 +484,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--side", choices=("both", "trl"), default="both", help=argparse.SUPPRESS)
     parser.add_argument("--spec", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--from-json", default=None, help="re-print / re-plot an earlier --json OUT")
+    parser.add_argument("--merge", nargs="+", default=None, metavar="JSON",
+                        help="combine earlier --json OUTs of the same settings and other seeds into one (--json, --plot)")
     parser.add_argument("--json", default=None)
     parser.add_argument("--plot", default=None, metavar="PNG")
     args = parser.parse_args(argv)
@@ -488,8 +494,38 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+SEED_FREE_SETTINGS = ("seeds", "date", "ours_overrides", "trl_kwargs", "hf_dir")
+"""Settings that may differ between runs that `merge_results` combines (the seed, and what derives from it)."""
+
+
+def merge_results(results: list[dict]) -> dict:
+    """One result from runs of the same settings over disjoint seeds: the per-seed curves pooled, each side
+    summarised again. Runs of other settings (anything but `SEED_FREE_SETTINGS`) or a repeated seed are refused."""
+    base = {k: v for k, v in results[0]["settings"].items() if k not in SEED_FREE_SETTINGS}
+    seeds: list[int] = []
+    for result in results:
+        other = {k: v for k, v in result["settings"].items() if k not in SEED_FREE_SETTINGS}
+        if other != base:
+            differing = sorted(k for k in set(base) | set(other) if base.get(k) != other.get(k))
+            raise ValueError(f"--merge: the runs' settings differ in {differing}")
+        seeds += list(result["settings"]["seeds"])
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"--merge: a seed appears twice among {seeds} (run other seeds with --first-seed)")
+    settings = {**results[0]["settings"], "seeds": seeds}
+    merged = {"settings": settings, "total_wall_s": sum(r.get("total_wall_s", 0.0) for r in results)}
+    for side in ("ours", "trl"):
+        merged[side] = summarise_side([s for r in results for s in r[side]["per_seed"]])
+    return merged
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.merge:
+        results = []
+        for path in args.merge:
+            with open(path) as fh:
+                results.append(json.load(fh))
+        return report(merge_results(results), args.json, args.plot)
     if args.from_json:
         with open(args.from_json) as fh:
             result = json.load(fh)
@@ -515,7 +551,7 @@ def main(argv: list[str] | None = None) -> int:
     steps_at = eval_steps(args.steps, args.eval_every)
     trl0 = trl_kwargs_from_config(config, 0)
     settings = {"algo": args.algo, "model": args.model, "hf_dir": hf_dir, "steps": args.steps,
-                "seeds": list(range(args.seeds)), "prompts": args.prompts, "samples": args.samples,
+                "seeds": list(range(args.first_seed, args.first_seed + args.seeds)), "prompts": args.prompts, "samples": args.samples,
                 "response_length": args.response_length, "lr": args.lr, "warmup_steps": args.warmup_steps,
                 "dtype": args.dtype, "val_size": len(val_rows), "val_n": args.val_n, "eval_every": args.eval_every,
                 "eval_steps": steps_at, "val": val_settings(config), "ours_overrides": our_overrides(args, 0),
@@ -524,7 +560,7 @@ def main(argv: list[str] | None = None) -> int:
                 "train_rows": len(rows), "val_rows": val_rows}
     root = args.run_root or tempfile.mkdtemp(prefix="bench_learning_vs_trl_")
     ours, theirs = [], []
-    for seed in range(args.seeds):
+    for seed in settings["seeds"]:
         seed_config = load_our_config(args, seed)
         spec = {"rows": rows, "val_rows": val_rows, "hf_dir": hf_dir, "eval_steps": steps_at,
                 "val": val_settings(seed_config), "trl_kwargs": trl_kwargs_from_config(seed_config, seed)}
