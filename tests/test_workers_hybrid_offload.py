@@ -185,7 +185,9 @@ def test_bad_generation_layout_names_the_key(generate, fragments):
 def test_config_validation_lists_valid_generation_sizes():
     from jaxrl_hf.config import ConfigError, load_config
 
-    overrides = ["placement.devices_per_process=4", "placement.train.tp=4", "placement.train.dp=1"]
+    # 4 key/value heads, so tensor parallelism 4 splits the tiny model's heads (the smoke preset has 2)
+    overrides = ["placement.devices_per_process=4", "placement.train.tp=4", "placement.train.dp=1",
+                 "model.tiny.num_kv_heads=4"]
     cfg = load_config("grpo", preset="smoke", overrides=overrides + ["placement.generate.tp=2",
                                                                       "actor.offload_optimizer=true"])
     assert (cfg.placement.generate.tp, cfg.actor.offload_optimizer) == (2, True)
