@@ -34,9 +34,9 @@ class UserCodeError(RuntimeError):
 
 
 def is_user_module(module: str | None) -> bool:
-    """Whether a module (by name) is the user's rather than jaxrl_hf's: everything outside the ``jaxrl_hf`` package
-    (a ``--import``'ed file loads as ``jaxrl_hf_user_*``, `file_module_name`)."""
-    return bool(module) and module != "jaxrl_hf" and not module.startswith("jaxrl_hf.")
+    """Whether a module (by name) is the user's: one `import_user_module` loaded in this process, or a submodule of
+    one (a ``--import``'ed file loads as ``jaxrl_hf_user_*``, `file_module_name`)."""
+    return bool(module) and any(module == m or module.startswith(m + ".") for m in _LOADED)
 
 
 def describe_function(fn: Callable) -> str:
@@ -64,8 +64,7 @@ def user_frame(err: BaseException) -> str | None:
     tb = err.__traceback__
     while tb is not None:
         frame = tb.tb_frame
-        module = frame.f_globals.get("__name__") or ""
-        if module in _LOADED or module.split(".", 1)[0] in _LOADED:
+        if is_user_module(frame.f_globals.get("__name__")):
             found = f"{frame.f_code.co_filename}:{tb.tb_lineno} in {frame.f_code.co_name}"
         tb = tb.tb_next
     return found

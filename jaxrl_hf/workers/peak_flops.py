@@ -113,25 +113,22 @@ def peak_flops_per_device(configured: float | None = None, processes_per_host: i
 COMPUTE_DTYPES = ("float32", "bfloat16")
 
 
-def best_peak(device: Any) -> tuple[str, float]:
-    """(the dtype, its rate) of the fastest of `COMPUTE_DTYPES` on ``device`` (each measured once, cached)."""
-    rates = {dtype: measured_peak(device, dtype) for dtype in COMPUTE_DTYPES}
-    fastest = max(rates, key=rates.get)
-    return fastest, rates[fastest]
+def dtype_rates(device: Any) -> dict[str, float]:
+    """The peak of ``device`` in each of `COMPUTE_DTYPES` (each measured once, cached)."""
+    return {dtype: measured_peak(device, dtype) for dtype in COMPUTE_DTYPES}
 
 
 def resolve_compute_dtype(dtype: str, accelerator: bool) -> tuple[str, str]:
     """``model.dtype`` as a worker computes in it: ``auto`` becomes ``bfloat16`` with an accelerator (tensor
-    cores), else the faster of `COMPUTE_DTYPES` on this host's CPU (`best_peak`); any other value stays. Returns
+    cores), else the faster of `COMPUTE_DTYPES` on this host's CPU (`dtype_rates`); any other value stays. Returns
     (dtype, why)."""
     if dtype != "auto":
         return dtype, "as configured"
     if accelerator:
         return "bfloat16", "an accelerator's tensor cores"
-    device = jax.devices("cpu")[0]
-    fastest, rate = best_peak(device)
-    rates = ", ".join(f"{d} {measured_peak(device, d) / 1e9:.0f} GFLOP/s" for d in COMPUTE_DTYPES)
-    return fastest, f"the faster on this host's CPU ({rates})"
+    rates = dtype_rates(jax.devices("cpu")[0])
+    listed = ", ".join(f"{d} {rate / 1e9:.0f} GFLOP/s" for d, rate in rates.items())
+    return max(rates, key=rates.get), f"the faster on this host's CPU ({listed})"
 
 
 def mfu_summary(model_config: Any, params: Any, configured: float | None, processes_per_host: int) -> dict[str, Any]:
