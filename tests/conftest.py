@@ -9,7 +9,7 @@ import pytest  # noqa: E402
 
 PROCESS_MODULES = frozenset({
     # vLLM engines (in this process or a child)
-    "test_rollout_vllm", "test_rollout_vllm_families", "test_rollout_multi_turn_vllm", "test_export_hf",
+    "test_rollout_vllm", "test_rollout_vllm_tp", "test_rollout_vllm_families", "test_rollout_multi_turn_vllm", "test_export_hf",
     "test_workers_hybrid_offload", "test_workers_multiprocess_rollout",
     # the trainer with its Ray workers, or in a subprocess
     "test_trainer_e2e", "test_trainer_async", "test_trainer_agent", "test_trainer_lora", "test_reliability_signals",

@@ -23,7 +23,7 @@ Params = dict[str, Any]
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
-def _layer_entries(config: DecoderConfig) -> list[tuple[str, tuple[str, ...], str]]:
+def hf_layer_entries(config: DecoderConfig) -> list[tuple[str, tuple[str, ...], str]]:
     """(HF suffix, path in ``params['model']['layers']``, kind) for one layer."""
     entries = [
         ("input_layernorm.weight", ("input_layernorm", "scale"), "vec"),
@@ -84,7 +84,7 @@ def _expected_layer_shapes(config: DecoderConfig) -> dict[str, tuple[int, ...]]:
     }
 
 
-def _to_hf_view(kind: str, x: Any) -> Any:
+def to_hf_view(kind: str, x: Any) -> Any:
     """Flax layout -> HF layout of one layer's leaf, as a transposed/reshaped view (numpy or torch alike)."""
     if kind == "in_proj":  # [E, H, D] -> [H*D, E]
         return x.reshape(x.shape[0], -1).T
@@ -108,11 +108,11 @@ def iter_hf_tensor_views(params: Params, config: DecoderConfig,
     """
     model = params["model"]
     yield "model.embed_tokens.weight", to_array(model["embed_tokens"]["embedding"])
-    entries = _layer_entries(config)
+    entries = hf_layer_entries(config)
     stacked = [to_array(_get(model["layers"], path)) for _, path, _ in entries]
     for i in range(config.num_hidden_layers):
         for (suffix, _, kind), leaf in zip(entries, stacked):
-            yield f"model.layers.{i}.{suffix}", _to_hf_view(kind, leaf[i])
+            yield f"model.layers.{i}.{suffix}", to_hf_view(kind, leaf[i])
     yield "model.norm.weight", to_array(model["norm"]["scale"])
     if not config.tie_word_embeddings:
         yield "lm_head.weight", to_array(params["lm_head"]["kernel"]).T
@@ -148,7 +148,7 @@ def hf_state_dict_to_params(state: Mapping[str, np.ndarray], config: DecoderConf
     _set(params, ("model", "embed_tokens", "embedding"), emb)
     _set(params, ("model", "norm", "scale"), take(f"{prefix}model.norm.weight", (e,)))
     shapes = _expected_layer_shapes(config)
-    for suffix, path, kind in _layer_entries(config):
+    for suffix, path, kind in hf_layer_entries(config):
         per_layer = []
         for i in range(config.num_hidden_layers):
             w = take(f"{prefix}model.layers.{i}.{suffix}", shapes[suffix])

@@ -16,6 +16,7 @@ device_gather    GPU leaf in shards (or over processes), vLLM on GPU      one: a
 peer_copy        GPU leaf on another GPU than vLLM's                      one: GPU -> GPU
 host_to_device   host leaf, vLLM on GPU (JAX left on the CPU)             one: host -> GPU
 device_to_host   GPU leaf, vLLM on CPU                                    one: GPU -> host
+tp_shard         vLLM TP > 1: this rank's TP shard (``rollout.vllm_tp``)  one: reshard into the TP layout
 ===============  =======================================================  ==========================
 
 The CPU rows are what ran before (and run in the tests); the device rows are executed by
@@ -30,7 +31,7 @@ import dataclasses
 from typing import Literal
 
 SYNC_PATHS = ("host_view", "host_gather", "device_view", "device_gather", "peer_copy", "host_to_device",
-              "device_to_host")
+              "device_to_host", "tp_shard")
 """Every path; a path's index is the value of the metric ``perf/weight_sync_path``."""
 ZERO_COPY_PATHS = ("host_view", "device_view")
 

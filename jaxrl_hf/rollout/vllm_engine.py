@@ -99,7 +99,9 @@ from jaxrl_hf.rollout.base import GenerationOutput, SamplingParams
 from jaxrl_hf.rollout.padding import DEFAULT_LENGTH_BUCKETS, left_pad_prompts
 from jaxrl_hf.rollout.engine_memory import SleepMeter
 from jaxrl_hf.rollout.sync_plan import HOST, SyncStats, SyncTarget, sync_metrics
-from jaxrl_hf.rollout.vllm_reload import DropExpectedReloadWarnings, reprocess_tied_lm_head, worker_device
+from jaxrl_hf.rollout.vllm_reload import (DropExpectedReloadWarnings, mark_tp_presharded, reprocess_tied_lm_head,
+                                          worker_device)
+from jaxrl_hf.rollout.vllm_tp import TensorParallelGroup, TpShardStream, default_tp_devices
 from jaxrl_hf.rollout.weight_sync import gather_multihost, hf_weight_stream
 
 logger = logging.getLogger(__name__)
@@ -241,8 +243,10 @@ class VllmRolloutEngine:
     def __init__(self, config: DecoderConfig, params: Any, *, pad_token_id: int, eos_token_ids: Sequence[int] = (),
                  mesh: Any = None, rules: Any = None, model_dir: str | None = None, tokenizer_dir: str | None = None,
                  options: Mapping[str, Any] | VllmOptions | None = None,
-                 length_buckets: Sequence[int] = DEFAULT_LENGTH_BUCKETS) -> None:
+                 length_buckets: Sequence[int] = DEFAULT_LENGTH_BUCKETS,
+                 tp_group: TensorParallelGroup | None = None, tp_devices: Sequence[Any] | None = None) -> None:
         self.options = options if isinstance(options, VllmOptions) else VllmOptions.from_mapping(options)
+        self.tp_group = self._check_tp_group(self.options, tp_group)
         problem = vllm_support_problem(config)
         if problem is not None:
             raise ValueError(f"rollout.name=vllm: {problem}")
@@ -273,6 +277,9 @@ class VllmRolloutEngine:
             kwargs["kv_cache_memory_bytes"] = int(kv_gib * (1 << 30))
         if opts.distributed_executor_backend is not None:
             kwargs["distributed_executor_backend"] = opts.distributed_executor_backend
+        if self.tp_group is not None:  # every rank is one of our processes (module docstring)
+            kwargs["distributed_executor_backend"] = "external_launcher"
+            self.tp_group.apply()
         logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(DropExpectedReloadWarnings())
         self.vllm_version = vllm.__version__
         live = VllmRolloutEngine._live() if VllmRolloutEngine._live is not None else None
@@ -293,18 +300,49 @@ class VllmRolloutEngine:
         self.sync_target = HOST if device == "cpu" else SyncTarget("device", int(device.partition(":")[2] or 0))
         self.memory = SleepMeter(self.sync_target.torch_device)
         self._logged_path: str | None = None
+        self._tp_stream = self._tensor_parallel_stream(tp_devices)
         self.set_params(params)
 
     # ------------------------------------------------------------------------------ setup
+    @staticmethod
+    def _check_tp_group(opts: VllmOptions, tp_group: TensorParallelGroup | None) -> TensorParallelGroup | None:
+        """The TP group of a ``tensor_parallel_size > 1`` engine (every rank one of our processes); errors name
+        the option."""
+        tp = int(opts.tensor_parallel_size)
+        if tp == 1:
+            if tp_group is not None and tp_group.size != 1:
+                raise ValueError(f"vLLM engine: a TP group of size {tp_group.size} for tensor_parallel_size=1")
+            return None
+        if opts.distributed_executor_backend not in (None, "external_launcher"):
+            raise ValueError(f"rollout vLLM option distributed_executor_backend={opts.distributed_executor_backend!r} "
+                             f"with tensor_parallel_size={tp}: the hybrid engine hosts each TP rank in one of the "
+                             "actor's processes (external_launcher); leave it unset")
+        if tp_group is None or tp_group.size != tp:
+            raise ValueError(f"rollout vLLM option tensor_parallel_size={tp}: this process needs its TP group "
+                             f"(rank, size {tp}, rendezvous address), got {tp_group}")
+        return tp_group
+
+    def _tensor_parallel_stream(self, tp_devices: Sequence[Any] | None) -> TpShardStream | None:
+        """TP > 1: the shard-wise sync of this rank, after marking vLLM's TP parameters as fed presharded."""
+        if self.tp_group is None:
+            return None
+        tp = self.tp_group.size
+        stream = TpShardStream(self.config, tp_devices if tp_devices is not None else default_tp_devices(tp),
+                               self.tp_group.rank)
+        marked = self._llm.collective_rpc(mark_tp_presharded)[0]
+        if marked["vocab_rows_per_rank"] not in (None, stream.vocab // tp):
+            raise RuntimeError(f"vLLM TP {tp}: vLLM holds {marked['vocab_rows_per_rank']} vocabulary rows per rank, "
+                               f"the weight sync sends {stream.vocab // tp}")
+        if marked["linear_layers"] == 0:
+            raise RuntimeError(f"vLLM TP {tp}: found no tensor-parallel linear layer to feed shard-wise")
+        return stream
+
     def _check_platform(self, opts: VllmOptions) -> bool:
         """Whether sleep mode is on; platform-specific option errors."""
         if self.platform == "cpu":
             if opts.enable_sleep_mode:
                 raise ValueError("rollout vLLM option enable_sleep_mode=True: vLLM's CPU backend has no sleep "
                                  "mode (its sleep/wake_up are no-ops); leave it unset on CPU")
-            if opts.tensor_parallel_size != 1:
-                raise ValueError(f"rollout vLLM option tensor_parallel_size={opts.tensor_parallel_size}: this "
-                                 "engine runs vLLM in-process on CPU with TP=1 only")
             from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 
             sizes = CPUAttentionBackend.get_supported_head_sizes()
@@ -347,9 +385,12 @@ class VllmRolloutEngine:
         t0 = time.perf_counter()
         if self._sleeping:
             self.memory.measure("wake", lambda: self._llm.wake_up(tags=["weights"]))
-        # several JAX processes: every process's engine gets the full weights (gathered on host / on the GPUs)
-        gathered = gather_multihost(params, self.sync_target)
-        stream, stats = hf_weight_stream(gathered, self.config, self.sync_target)
+        if self._tp_stream is not None:  # TP > 1: this rank's shards only, layer by layer
+            gathered = params
+            stream, stats = self._tp_stream.stream(params, self.sync_target)
+        else:  # several JAX processes: each process's engine gets the full weights (gathered on host / on the GPUs)
+            gathered = gather_multihost(params, self.sync_target)
+            stream, stats = hf_weight_stream(gathered, self.config, self.sync_target)
         if not self._in_process_executor():  # arguments get pickled: send contiguous copies, not views
             stream = [(name, tensor.contiguous()) for name, tensor in stream]
             stats.mark_all_copied()

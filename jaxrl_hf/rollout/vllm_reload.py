@@ -28,6 +28,59 @@ def reprocess_tied_lm_head(worker: Any) -> bool:
     return True
 
 
+def _copy_presharded_vocab(param: Any, loaded_weight: Any) -> None:
+    """Loader of a vocab-parallel embedding / LM head fed its rank's shard already padded to vLLM's rows."""
+    if tuple(param.data.shape) != tuple(loaded_weight.shape):
+        raise ValueError(f"vLLM TP weight sync: a vocab-parallel shard of shape {tuple(loaded_weight.shape)} for a "
+                         f"parameter of shape {tuple(param.data.shape)}")
+    param.data.copy_(loaded_weight)
+
+
+def _set_loader(tensor: Any, loader: Any) -> None:
+    """Set a tensor's weight loader (vLLM's own parameter classes keep it in ``_weight_loader``)."""
+    tensor.__dict__["_weight_loader" if "_weight_loader" in tensor.__dict__ else "weight_loader"] = loader
+
+
+def mark_tp_presharded(worker: Any) -> dict[str, Any]:
+    """Worker-side (``collective_rpc``): make every tensor-parallel parameter take its rank's shard as given.
+
+    Linear layers (column / row / qkv / merged column parallel): ``is_sharded_weight = True`` with the layer's
+    ``weight_loader`` (the loader that reads that flag as "do not narrow"; vLLM's newer per-parameter loaders
+    always narrow). Vocab-parallel embedding and LM head: a loader that copies the padded shard. Set on the live
+    parameters and on the metadata vLLM's layerwise reload rebuilds each layer from (whose references to the layer
+    are held as vLLM holds them there, bound to its placeholder), so they hold for every later reload. Returns what
+    was marked and this rank's vocabulary rows (for the caller to check against its own)."""
+    from vllm.model_executor.layers.linear import LinearBase
+    from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+    from vllm.model_executor.model_loader.reload.layerwise import get_layerwise_info
+    from vllm.model_executor.model_loader.reload.sanitize import layer_ref_sentinel
+
+    model = worker.model_runner.get_model()
+    linear = vocab = 0
+    rows = None
+    for layer in model.modules():
+        if isinstance(layer, LinearBase) and getattr(layer, "tp_size", 1) > 1:
+            linear += 1
+            loader = type(layer).weight_loader
+            live, meta = loader.__get__(layer), loader.__get__(layer_ref_sentinel)
+            flags = {"is_sharded_weight": True}
+        elif isinstance(layer, VocabParallelEmbedding) and layer.tp_size > 1:
+            vocab, rows = vocab + 1, int(layer.num_embeddings_per_partition)
+            live = meta = _copy_presharded_vocab
+            flags = {}
+        else:
+            continue
+        restore = get_layerwise_info(layer).restore_metadata[0]
+        for tensors, bound in ((dict(layer.named_parameters(recurse=False)), live), (restore, meta)):
+            for name in ("weight", "bias"):
+                tensor = tensors.get(name)
+                if tensor is None:
+                    continue
+                _set_loader(tensor, bound)
+                tensor.__dict__.update(flags)
+    return {"linear_layers": linear, "vocab_layers": vocab, "vocab_rows_per_rank": rows}
+
+
 def worker_device(worker: Any) -> str:
     """Worker-side (``collective_rpc``): the torch device vLLM's model runs on (``cpu`` / ``cuda:N``)."""
     return str(worker.device)
@@ -47,4 +100,5 @@ class DropExpectedReloadWarnings(logging.Filter):
                     and record.args[0] in RELOAD_WARNINGS_EXPECTED)
 
 
-__all__ = ["DropExpectedReloadWarnings", "RELOAD_WARNINGS_EXPECTED", "reprocess_tied_lm_head", "worker_device"]
+__all__ = ["DropExpectedReloadWarnings", "RELOAD_WARNINGS_EXPECTED", "mark_tp_presharded", "reprocess_tied_lm_head",
+           "worker_device"]

