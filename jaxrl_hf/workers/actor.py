@@ -36,6 +36,7 @@ the engine, inside the reshard above; the loop assembles the output columns.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import time
 from typing import Any, Iterator, Mapping
@@ -46,6 +47,7 @@ import numpy as np
 
 from jaxrl_hf import mesh as meshlib
 from jaxrl_hf.config.schema import RunConfig
+from jaxrl_hf.config.validate import rollout_tensor_parallel
 from jaxrl_hf.controller import PAD_ROWS_KEY, Batch, Dispatch, Worker, register
 from jaxrl_hf.models import pair_matmul, param_logical_axes
 from jaxrl_hf.models.pretrained import tokenizer_dir
@@ -90,7 +92,11 @@ class ActorRolloutRefWorker(Worker):
         self.has_actor, self.has_ref = role != "ref", role in ("actor_rollout_ref", "ref")
         self.train = train_parallel(self.config.placement, sp=self.config.actor.ulysses_sequence_parallel_size)
         self.rule_set = train_rule_set(self.config, "actor", self.train)  # the ref follows the actor
-        self.gen = generation_parallel(self.config.placement, self.train, rule_set=self.rule_set)
+        self.vllm_tp = rollout_tensor_parallel(self.config)  # 1 unless rollout.name=vllm with TP > 1
+        placement = self.config.placement
+        if self.config.rollout.name == "vllm":  # vLLM has its own TP layout (rollout.vllm_tp), not a JAX one
+            placement = dataclasses.replace(placement, generate=dataclasses.replace(placement.generate, tp=None))
+        self.gen = generation_parallel(placement, self.train, rule_set=self.rule_set)
         offload = self.config.actor.offload_optimizer
         if not isinstance(offload, bool):
             raise WorkerConfigError(f"actor.offload_optimizer={offload!r}: must be true or false")
@@ -192,7 +198,21 @@ class ActorRolloutRefWorker(Worker):
             return None
         from jaxrl_hf.rollout.vllm_engine import VllmOptions
 
-        return VllmOptions.from_rollout(self.config.rollout)
+        return {**VllmOptions.from_rollout(self.config.rollout), "tensor_parallel_size": self.vllm_tp}
+
+    def _tp_group(self) -> Any:
+        """vLLM TP > 1: this process's rank of the pool-wide TP group, rendezvous at the pool's address."""
+        if self.vllm_tp == 1:
+            return None
+        from jaxrl_hf.rollout.vllm_tp import TensorParallelGroup
+
+        if self._context.rendezvous is None:
+            raise WorkerConfigError(f"placement.generate.tp={self.vllm_tp} with rollout.name=vllm: the pool has no "
+                                    "rendezvous address (a pool of one process?)")
+        host, _, port = self._context.rendezvous.rpartition(":")
+        device = jax.local_devices()[0]
+        local = int(getattr(device, "local_hardware_id", None) or 0) if device.platform != "cpu" else 0
+        return TensorParallelGroup(jax.process_index(), self.vllm_tp, host, int(port), local_rank=local)
 
     def _build_engine(self) -> Any:
         """``rollout.name``'s engine on the generation mesh (the training mesh when the layouts are equal).
@@ -205,7 +225,8 @@ class ActorRolloutRefWorker(Worker):
             engine = make_rollout_engine(self.engine_name, config=self.model.config, params=self.policy_params(),
                                          pad_token_id=self.model.pad_token_id, eos_token_ids=self.model.eos_token_ids,
                                          mesh=mesh, rules=rules, model_dir=self.model.path,
-                                         tokenizer_dir=self.model.path, options=self._engine_options())
+                                         tokenizer_dir=self.model.path, options=self._engine_options(),
+                                         tp_group=self._tp_group())
         except ValueError as err:
             raise WorkerConfigError(f"rollout.name={self.engine_name!r}: {err}") from err
         if getattr(engine, "multi_process", False):  # native engine over several processes: rows by dp rank
@@ -260,13 +281,14 @@ class ActorRolloutRefWorker(Worker):
         # The native engine runs one SPMD batch over all processes and keys each row by its global index, so
         # its seed is the same on every process (dp rank 0's: what one process uses). vLLM runs one engine per
         # process over its own rows (keyed by local index), so there the dp rank goes into the seed.
+        # vLLM over a TP group is one engine over every process's rows too (rows keyed by their group index).
         coords = self.mesh_coords()
-        rank = coords.dp_rank if self.engine_name != "jax" else 0
+        rank = coords.dp_rank if self.engine_name != "jax" and self.vllm_tp == 1 else 0
         if seed is None:
             words = [rollout.seed, self.global_step, self._gen_calls, rank,
                      int(bool(meta.get("validate")))]
             seed = int(np.random.SeedSequence(words).generate_state(1)[0])
-        elif self.engine_name != "jax" and coords.dp_size > 1:
+        elif self.engine_name != "jax" and self.vllm_tp == 1 and coords.dp_size > 1:
             seed = int(np.random.SeedSequence([int(seed) & 0xFFFFFFFF, rank]).generate_state(1)[0])
         try:
             return SamplingParams(temperature=float(pick("temperature")), top_p=float(pick("top_p")),
