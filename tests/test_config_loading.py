@@ -196,9 +196,14 @@ def test_vllm_tensor_parallel_layouts_at_config_time():
     tp: one TP group over the pool's processes, one device each; other layouts are refused naming the key."""
     config = load_config("grpo", preset="smoke", overrides=[*VLLM_TP2, "rollout.tensor_model_parallel_size=2"])
     assert config.placement.generate.tp == 2 and config.placement.train.tp == 1
+    two_groups = ["rollout.name=vllm", "placement.num_processes=4", "placement.devices_per_process=1",
+                  "placement.train.dp=4", "placement.generate.tp=2", "actor.ppo_micro_batch_size_per_device=1"]
+    assert load_config("grpo", preset="smoke", overrides=two_groups).placement.generate.tp == 2
     cases = {
         "one process with 2 devices": (["rollout.name=vllm", "placement.devices_per_process=2", "placement.train.dp=2",
-                                        "placement.generate.tp=2"], "placement.num_processes=2 and placement.devices_per_process=1"),
+                                        "placement.generate.tp=2"], "needs placement.devices_per_process=1"),
+        "a group across nodes": ([*VLLM_TP2, "placement.generate.tp=2", "trainer.nnodes=2"],
+                                 "a multiple of 2 on each of the trainer.nnodes=2"),
         "the native engine": ([*VLLM_TP2[1:], "placement.generate.tp=2"], "must divide placement.train.tp=1"),
         "two spellings": ([*VLLM_TP2, "placement.generate.tp=2", "rollout.tensor_parallel_size=1"],
                           "disagrees with placement.generate.tp=2"),

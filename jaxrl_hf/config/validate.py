@@ -59,17 +59,13 @@ def check_placement(config: RunConfig) -> None:
             valid = [k for k in range(1, train_size + 1) if train_size % k == 0]
             _fail(f"placement.generate.{name}", size,
                   f"must divide placement.train.{name}={train_size} (3D-HybridEngine); valid: {valid}")
-
-
-    if vllm_tp > 1 and (p.num_processes != vllm_tp or p.devices_per_process != 1):
+    nodes = config.trainer.nnodes or 1
+    if vllm_tp > 1 and (p.num_processes % (vllm_tp * nodes) or p.devices_per_process != 1):
         _fail("placement.generate.tp", vllm_tp,
-              f"with rollout.name=vllm each of the actor's processes hosts one vLLM TP rank, and one TP group spans the "
-              f"pool: needs placement.num_processes={vllm_tp} and placement.devices_per_process=1 (got "
-              f"{p.num_processes} x {p.devices_per_process}); several TP groups (vLLM data parallelism inside one pool) "
-              "are not supported yet")
-    if vllm_tp > 1 and (config.trainer.nnodes or 1) > 1:
-        _fail("placement.generate.tp", vllm_tp, f"a vLLM TP group must stay inside one node; trainer.nnodes="
-              f"{config.trainer.nnodes} spreads the pool over nodes")
+              f"with rollout.name=vllm each of the actor's processes hosts one vLLM TP rank and a TP group is {vllm_tp} "
+              f"processes of one node: needs placement.devices_per_process=1 and placement.num_processes a multiple of "
+              f"{vllm_tp} on each of the trainer.nnodes={nodes} node(s) (got {p.num_processes} process(es) x "
+              f"{p.devices_per_process} device(s))")
 
 
 def rollout_tensor_parallel(config: RunConfig) -> int:

@@ -62,25 +62,19 @@ class ProcessHost:
         configure_host_devices(platform, devices_per_process)
         self.pool_name, self.rank, self.world_size = pool_name, rank, world_size
         self._workers: dict[str, Worker] = {}
-        self.rendezvous: str | None = None
 
-    def pool_addresses(self) -> dict[str, str]:
-        """Two free ``ip:port`` on this node (rank 0's), as the other nodes reach it (the node's IP as Ray knows
-        it, never a loopback address): ``coordinator`` serves JAX's coordination service, ``rendezvous`` the
-        torch.distributed groups a role builds itself (vLLM's TP ranks). Both ports are held open together while
-        picked, so they differ."""
-        ip = ray.util.get_node_ip_address()
-        with socket.socket() as first, socket.socket() as second:
-            first.bind(("", 0))
-            second.bind(("", 0))
-            return {"coordinator": f"{ip}:{first.getsockname()[1]}", "rendezvous": f"{ip}:{second.getsockname()[1]}"}
+    def coordinator_address(self) -> str:
+        """``ip:port`` of a free port on this node (rank 0's, which serves JAX's coordination service), as the
+        other nodes reach it: the node's IP as Ray knows it, never a loopback address."""
+        with socket.socket() as sock:
+            sock.bind(("", 0))
+            port = sock.getsockname()[1]
+        return f"{ray.util.get_node_ip_address()}:{port}"
 
-    def join(self, coordinator: str | None, timeout_s: int, rendezvous: str | None = None) -> dict[str, Any]:
-        """Join the pool's multi-controller JAX program (all ranks must call this together); ``rendezvous`` is
-        handed to every worker of this process (`WorkerContext.rendezvous`)."""
+    def join(self, coordinator: str | None, timeout_s: int) -> dict[str, Any]:
+        """Join the pool's multi-controller JAX program (all ranks must call this together)."""
         import jax
 
-        self.rendezvous = rendezvous
         if self.world_size > 1:
             jax.distributed.initialize(
                 coordinator, self.world_size, self.rank, initialization_timeout=int(timeout_s)
@@ -116,7 +110,7 @@ class ProcessHost:
         class_bytes, args, kwargs = spec
         if role in self._workers:
             raise ValueError(f"role {role!r} already exists on pool {self.pool_name!r} rank {self.rank}")
-        context = WorkerContext(role, self.pool_name, self.rank, self.world_size, self.rendezvous)
+        context = WorkerContext(role, self.pool_name, self.rank, self.world_size)
         try:
             try:
                 worker_cls = ray.cloudpickle.loads(class_bytes)

@@ -211,14 +211,14 @@ class ResourcePool:
     def _join(self, hosts: list[Any]) -> list[dict[str, Any]]:
         from jaxrl_hf.controller.futures import gather_results
 
-        addresses = {"coordinator": None, "rendezvous": None}
+        coordinator = None
         if len(hosts) > 1:
-            addresses = gather_results(
-                [hosts[0].pool_addresses.remote()], self.name, "<pool>", "pool_addresses", self.ready_timeout_s,
+            coordinator = gather_results(
+                [hosts[0].coordinator_address.remote()], self.name, "<pool>", "coordinator_address",
+                self.ready_timeout_s,
             )[0]
         info = gather_results(
-            [h.join.remote(addresses["coordinator"], int(self.ready_timeout_s), addresses["rendezvous"])
-             for h in hosts],
+            [h.join.remote(coordinator, int(self.ready_timeout_s)) for h in hosts],
             self.name, "<pool>", "jax.distributed.initialize", self.ready_timeout_s,
         )
         expected = self.num_processes * self.devices_per_process

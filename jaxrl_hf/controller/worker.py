@@ -34,8 +34,6 @@ class WorkerContext:
     pool_name: str
     rank: int
     world_size: int
-    rendezvous: str | None = None
-    """``ip:port`` on rank 0's node for torch.distributed groups the role builds (vLLM TP); None with one process."""
 
 
 class Worker:

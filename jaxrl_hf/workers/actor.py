@@ -201,18 +201,17 @@ class ActorRolloutRefWorker(Worker):
         return {**VllmOptions.from_rollout(self.config.rollout), "tensor_parallel_size": self.vllm_tp}
 
     def _tp_group(self) -> Any:
-        """vLLM TP > 1: this process's rank of the pool-wide TP group, rendezvous at the pool's address."""
+        """vLLM TP > 1: this process's rank of its TP group (``tp`` consecutive pool processes; a collective)."""
         if self.vllm_tp == 1:
             return None
-        from jaxrl_hf.rollout.vllm_tp import TensorParallelGroup
+        from jaxrl_hf.rollout.vllm_tp import make_tp_group
 
-        if self._context.rendezvous is None:
-            raise WorkerConfigError(f"placement.generate.tp={self.vllm_tp} with rollout.name=vllm: the pool has no "
-                                    "rendezvous address (a pool of one process?)")
-        host, _, port = self._context.rendezvous.rpartition(":")
         device = jax.local_devices()[0]
         local = int(getattr(device, "local_hardware_id", None) or 0) if device.platform != "cpu" else 0
-        return TensorParallelGroup(jax.process_index(), self.vllm_tp, host, int(port), local_rank=local)
+        try:
+            return make_tp_group(self.vllm_tp, local_rank=local)
+        except ValueError as err:
+            raise WorkerConfigError(f"placement.generate.tp={self.vllm_tp} with rollout.name=vllm: {err}") from None
 
     def _build_engine(self) -> Any:
         """``rollout.name``'s engine on the generation mesh (the training mesh when the layouts are equal).
@@ -281,14 +280,14 @@ class ActorRolloutRefWorker(Worker):
         # The native engine runs one SPMD batch over all processes and keys each row by its global index, so
         # its seed is the same on every process (dp rank 0's: what one process uses). vLLM runs one engine per
         # process over its own rows (keyed by local index), so there the dp rank goes into the seed.
-        # vLLM over a TP group is one engine over every process's rows too (rows keyed by their group index).
+        # vLLM with TP > 1 runs one engine per TP group over its processes' rows: the group index goes into the seed.
         coords = self.mesh_coords()
-        rank = coords.dp_rank if self.engine_name != "jax" and self.vllm_tp == 1 else 0
+        rank = 0 if self.engine_name == "jax" else (coords.dp_rank if self.vllm_tp == 1 else self.rank // self.vllm_tp)
         if seed is None:
             words = [rollout.seed, self.global_step, self._gen_calls, rank,
                      int(bool(meta.get("validate")))]
             seed = int(np.random.SeedSequence(words).generate_state(1)[0])
-        elif self.engine_name != "jax" and self.vllm_tp == 1 and coords.dp_size > 1:
+        elif self.engine_name != "jax" and coords.dp_size > self.vllm_tp:
             seed = int(np.random.SeedSequence([int(seed) & 0xFFFFFFFF, rank]).generate_state(1)[0])
         try:
             return SamplingParams(temperature=float(pick("temperature")), top_p=float(pick("top_p")),
