@@ -13,6 +13,7 @@ import math
 from pathlib import Path
 
 import jax
+import numpy as np
 import pytest
 
 from jaxrl_hf.memory_plan import classify_keys, load_plan_config, parse_bytes, plan_memory
@@ -252,3 +253,45 @@ def test_packed_token_budget_micro_batches(small_model):
     # the log-prob pass inherits the budget (rollout.log_prob_* default to the actor's) and is packed too
     assert log_prob["packed_length"] == 256 and "pack_rows" in log_prob["columns"]
     assert not report["keys"]["not_modelled"]
+
+
+def test_verl_dapo_32b_recipe_with_vllm_keeps_its_own_layout():
+    """With vLLM (verl's default rollout) the recipe's layout is planned as written: FSDP over all 128 devices with
+    Ulysses 8, vLLM TP 4 fed shard-wise (no training tp raised to the rollout's)."""
+    config, keys = load_plan_config([*read_recipe(), "actor_rollout_ref.rollout.name=vllm"], devices=128)
+    train = config.placement.train
+    assert (train.pp, train.tp, train.dp, config.placement.generate.tp) == (1, 1, 128, 4)
+    assert config.actor.ulysses_sequence_parallel_size == config.ref.ulysses_sequence_parallel_size == 8
+    assert "placement.train.tp" not in dict(keys.mapped)
+
+
+@needs8
+@pytest.mark.parametrize("allocator", ["bfc", "platform"])
+def test_vllm_plan_counts_the_sync_vllm_and_both_phases(small_model, allocator):
+    from jaxrl_hf.memory_plan.vllm_rollout import CONTEXT_ALLOWANCE_BYTES
+    from jaxrl_hf.rollout.vllm_tp import tp_shard_shapes
+
+    keys = ["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+            "actor_rollout_ref.actor.strategy=fsdp", f"placement.memory.allocator={allocator}", *BATCH]
+    report = plan_memory(small_model, 8, keys)
+    assert set(report["programs"]) == {"update_actor", "log_prob", "weight_sync"}
+    sync = report["programs"]["weight_sync"]
+    assert sync["shapes"]["tp"] == 2 and sync["shapes"]["replicas"] == 4 and sync["shapes"]["dtype"] == "bfloat16"
+    decoder = known_decoder_config(small_model, dtype="bfloat16")
+    vllm = report["vllm"]
+    assert vllm["weight_bytes_per_device"] == 2 * sum(int(np.prod(s)) for s in tp_shard_shapes(decoder, 2).values())
+    assert vllm["share_bytes_per_device"] == int(0.5 * 80 * 2 ** 30)  # vLLM's default gpu_memory_utilization
+    assert vllm["kv_cache_bytes_per_device"] == (vllm["share_bytes_per_device"] - vllm["weight_bytes_per_device"]
+                                                 - vllm["activation_allowance_bytes"])
+    phases = report["phases"]
+    kept = report["programs"]["update_actor"]["param_bytes_per_device"] + \
+        report["programs"]["update_actor"]["optimizer_bytes_per_device"]
+    train_peak = max(report["programs"][p]["total_bytes_per_device"] for p in ("update_actor", "log_prob"))
+    assert phases["train"]["jax_bytes"] == train_peak and phases["train"]["vllm_bytes"] == 0
+    assert phases["sync"]["vllm_bytes"] == vllm["weight_bytes_per_device"]
+    # BFC keeps JAX's high-water mark through generation; the platform allocator hands freed buffers back
+    expected = kept if allocator == "platform" else max(train_peak, sync["total_bytes_per_device"])
+    assert phases["generate"]["jax_bytes"] == expected
+    for row in phases.values():
+        assert row["total_bytes"] == row["jax_bytes"] + row["vllm_bytes"] + CONTEXT_ALLOWANCE_BYTES
+    assert report["fits"] and report["time_sharing"]["time_shared"] == (allocator == "platform")

@@ -134,6 +134,9 @@ def test_single_process_shard_stream_matches_the_hf_slices():
 
     params = jax.tree.map(jnp.asarray, reference_params())
     full = params_to_hf_state_dict(params, CONFIG)
+    # on a mesh that orders the two devices the other way round: the pieces move by device_put
+    reversed_mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:2][::-1]), ("x",))
+    params = jax.device_put(params, jax.sharding.NamedSharding(reversed_mesh, jax.sharding.PartitionSpec()))
     for rank in (0, 1):
         stream = TpShardStream(CONFIG, jax.devices()[:2], rank=rank)
         got = dict(stream.stream(params, HOST)[0])

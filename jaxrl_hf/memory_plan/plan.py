@@ -34,7 +34,7 @@ from jaxrl_hf.memory_plan.verl_keys import PlanKeys, classify_keys
 from jaxrl_hf.models.attention import cudnn_usable
 from jaxrl_hf.models.known_configs import known_decoder_config
 from jaxrl_hf.workers.common import WorkerConfigError, train_parallel, train_rule_set
-from jaxrl_hf.workers.generation_layout import generation_parallel
+from jaxrl_hf.workers.generation_layout import generation_parallel, jax_generation_placement
 
 # The plan's defaults, applied before the user's keys, are verl's (the keys plan verl commands as written):
 # the FSDP strategy, computing in bf16 over float32 params; and, where the algorithm YAMLs size theirs for a small
@@ -80,7 +80,8 @@ def _check_generation_layout(config: RunConfig) -> None:
     t = config.placement.train
     train = train_parallel(config.placement, sp=config.actor.ulysses_sequence_parallel_size,
                            devices=t.pp * t.tp * t.dp)
-    generation_parallel(config.placement, train, rule_set=train_rule_set(config, "actor", train))
+    generation_parallel(jax_generation_placement(config.placement, config.rollout.name), train,
+                        rule_set=train_rule_set(config, "actor", train))
 
 
 def _runnable_layout(keys: PlanKeys) -> list[tuple[str, str]]:
@@ -88,8 +89,9 @@ def _runnable_layout(keys: PlanKeys) -> list[tuple[str, str]]:
     (applied only after the loader or the worker rejected the layout as given; none when no such fix applies):
 
     * a rollout TP (``placement.generate.tp``, verl's ``rollout.tensor_model_parallel_size``) that does not divide
-      ``placement.train.tp``: verl's rollout TP is free of the training layout, the 3D-HybridEngine generates
-      with ``tp_g | tp``. The training tp is raised to it (ZeRO-3's ``fsdp`` resolves to ``fsdp_tp``: params still
+      ``placement.train.tp`` with the native engine (vLLM's TP is free of it: `jaxrl_hf.rollout.vllm_tp`): the
+      3D-HybridEngine generates
+      with ``tp_g | tp``, so the training tp is raised to it (ZeRO-3's ``fsdp`` resolves to ``fsdp_tp``: params still
       over every device) and each Ulysses size divided by the same factor, so a sequence still spans ``tp·sp``
       devices (the attention heads split over ``tp·sp``);
     * packed rows (``model.use_remove_padding``) with Ulysses ``sp > 1``, not supported together yet: packing off;
@@ -105,7 +107,8 @@ def _runnable_layout(keys: PlanKeys) -> list[tuple[str, str]]:
     sp = {k: number(k, "1") for k in ("actor.ulysses_sequence_parallel_size", "ref.ulysses_sequence_parallel_size")
           if keys.raw_value(k) is not None}
     g, t = number("placement.generate.tp", "0"), number("placement.train.tp", "1")
-    if g and t and t % g and g % t == 0:
+    vllm = (keys.raw_value("rollout.name") or "").strip("'\"") == "vllm"  # vLLM's TP is free of the training tp
+    if g and t and t % g and g % t == 0 and not vllm:
         factor = g // t
         if any(v is None or v % factor for v in sp.values() if v != 1):
             return []
@@ -248,9 +251,12 @@ def plan_memory(model: str, devices: int, args: Sequence[str] = (), device_memor
     resident = Resident(0 if config.actor.offload_optimizer else update.optimizer_bytes,
                         0 if keys.offload_ref_params else ref)
     log_prob = P.log_prob_program(layout)
-    setup = P.generation_setup(layout)
     fraction, budget_note = usable_fraction(config)
     usable = int(fraction * device_memory_bytes)
+    if config.rollout.name == "vllm":
+        return _vllm_plan(model, config, keys, decoder, layout, update, log_prob, resident, device_memory_bytes,
+                          usable, budget_note)
+    setup = P.generation_setup(layout)
     rollout_budget = usable
     if config.rollout.name == "vllm":
         rollout_budget = (config.rollout.gpu_memory_utilization or DEFAULT_VLLM_GPU_SHARE) * device_memory_bytes
@@ -268,28 +274,68 @@ def plan_memory(model: str, devices: int, args: Sequence[str] = (), device_memor
                                config.actor.log_prob_micro_batch_size_per_device, batch, *layout.seq_lengths)
     sequences = {"update_actor": config.actor.ppo_mini_batch_size * config.rollout.n,
                  "log_prob": log_prob.shapes["rows"], "generate": batch}
-    out_programs = {}
-    for program in (update, log_prob, generate):
-        stats = memory_stats(program.compiled)
-        held = resident.during(program.name)
-        collectives, float_collectives = collective_counts(program.compiled)
-        out_programs[program.name] = {
-            **stats, "param_bytes_per_device": program.param_bytes, "optimizer_bytes_per_device":
-            program.optimizer_bytes, "resident_bytes_per_device": held,
-            "total_bytes_per_device": stats["peak_bytes_per_device"] + held,
-            "collectives": collectives, "float_collectives": float_collectives, "shapes": program.shapes,
-            "compile_s": round(program.compile_s, 2),
-            "cost_model": predict(program.name, decoder, inputs, sequences[program.name])}
+    out_programs = {p.name: _program_report(p, resident.during(p.name), predict(p.name, decoder, inputs,
+                                                                                sequences[p.name]))
+                    for p in (update, log_prob, generate)}
     return {
-        "model": model, "num_params": decoder.num_params(), "devices": devices,
-        "device_memory_bytes": int(device_memory_bytes), "usable_bytes_per_device": usable,
+        **_report_head(model, config, keys, decoder, layout, device_memory_bytes, usable, budget_note, setup.label),
+        "programs": out_programs,
+        "fits": all(p["total_bytes_per_device"] <= usable for p in out_programs.values()),
+    }
+
+
+def _program_report(program: P.CompiledProgram, held: int, cost_model: dict[str, Any] | None) -> dict[str, Any]:
+    stats = memory_stats(program.compiled)
+    collectives, float_collectives = collective_counts(program.compiled)
+    return {**stats, "param_bytes_per_device": program.param_bytes, "optimizer_bytes_per_device":
+            program.optimizer_bytes, "resident_bytes_per_device": held,
+            "total_bytes_per_device": stats["peak_bytes_per_device"] + held, "collectives": collectives,
+            "float_collectives": float_collectives, "shapes": program.shapes, "compile_s": round(program.compile_s, 2),
+            "cost_model": cost_model}
+
+
+def _vllm_plan(model: str, config: RunConfig, keys: PlanKeys, decoder: Any, layout: P.ActorLayout,
+               update: P.CompiledProgram, log_prob: P.CompiledProgram, resident: "Resident", device_memory: int,
+               usable: int, budget_note: str) -> dict[str, Any]:
+    """``rollout.name=vllm``: the JAX programs, the shard-wise weight sync, vLLM's section and the phases of a
+    colocated GPU (`jaxrl_hf.memory_plan.vllm_rollout`); ``fits`` = every phase fits."""
+    from jaxrl_hf.config.validate import rollout_tensor_parallel
+    from jaxrl_hf.memory_plan import vllm_rollout as V
+
+    tp = rollout_tensor_parallel(config)
+    params = update.param_bytes
+    sync = V.weight_sync_program(layout, tp, config.rollout.dtype or decoder.dtype)
+    # during the sync JAX holds its params (the synced leaf counted again: an over-count of one leaf's shard)
+    held = {"update_actor": resident.during("update_actor"), "log_prob": resident.during("log_prob"),
+            "weight_sync": params + resident.during("weight_sync")}
+    programs = {p.name: _program_report(p, held[p.name], None) for p in (update, log_prob, sync)}
+    for p, program in (("update_actor", update), ("log_prob", log_prob)):
+        programs[p]["cost_model"] = None
+    share = config.rollout.gpu_memory_utilization or DEFAULT_VLLM_GPU_SHARE
+    vllm = V.vllm_memory(layout, tp, share, device_memory)
+    time_shared = config.placement.memory.allocator == "platform"
+    cap = int((1.0 - config.placement.memory.margin) * device_memory) if time_shared else usable
+    phases = V.phases(programs, vllm, params + resident.during("generate"), device_memory, time_shared, cap)
+    return {
+        **_report_head(model, config, keys, decoder, layout, device_memory, cap, budget_note,
+                       f"vLLM tp={tp} x {vllm.replicas} replicas"),
+        "programs": programs, "vllm": vllm.report(),
+        "time_sharing": {"allocator": config.placement.memory.allocator, "time_shared": time_shared,
+                         "jax_cap_bytes": cap},
+        "phases": phases, "fits": all(row["fits"] for row in phases.values()) and vllm.kv_tokens >= vllm.max_model_len,
+    }
+
+
+def _report_head(model: str, config: RunConfig, keys: PlanKeys, decoder: Any, layout: P.ActorLayout,
+                 device_memory: int, usable: int, budget_note: str, generate: str) -> dict[str, Any]:
+    return {
+        "model": model, "num_params": decoder.num_params(), "devices": len(layout.devices),
+        "device_memory_bytes": int(device_memory), "usable_bytes_per_device": usable,
         "memory_budget": budget_note, "backend": jax.default_backend(),
-        "layout": {"train": layout.train.label(), "rule_set": layout.rule_set.name, "generate": setup.label,
+        "layout": {"train": layout.train.label(), "rule_set": layout.rule_set.name, "generate": generate,
                    "dtype": decoder.dtype, "param_dtype": decoder.param_dtype, "remat": decoder.remat},
         "offload": {"optimizer": bool(config.actor.offload_optimizer), "params": keys.offload_params,
                     "ref_params": keys.offload_ref_params},
         "keys": {"applied": keys.applied, "mapped": keys.mapped, "ignored": keys.ignored,
                  "not_modelled": keys.not_modelled},
-        "programs": out_programs,
-        "fits": all(p["total_bytes_per_device"] <= usable for p in out_programs.values()),
     }

@@ -42,7 +42,7 @@ from jaxrl_hf.rollout.jax_engine import decode_step
 from jaxrl_hf.workers.actor_programs import LOG_PROB_INPUTS, build_actor_update, log_probs_program
 from jaxrl_hf.workers.common import (check_sequence_parallel_heads, lm_param_shardings, rows_sharding,
                                      train_parallel, train_rule_set)
-from jaxrl_hf.workers.generation_layout import GenerationLayout, generation_parallel
+from jaxrl_hf.workers.generation_layout import GenerationLayout, generation_parallel, jax_generation_placement
 from jaxrl_hf.workers.lora_policy import LoraPolicy
 from jaxrl_hf.workers.losses import lm_log_prob_fn
 from jaxrl_hf.workers.minibatch import MiniBatchPlan
@@ -84,7 +84,8 @@ class ActorLayout:
                                devices=len(devices))
         check_sequence_parallel_heads(model, train, "actor.ulysses_sequence_parallel_size")
         rule_set = train_rule_set(config, "actor", train)
-        gen = generation_parallel(config.placement, train, rule_set=rule_set)
+        gen = generation_parallel(jax_generation_placement(config.placement, config.rollout.name), train,
+                                  rule_set=rule_set)
         mesh = meshlib.build_train_mesh(train, devices)
         shapes = param_shapes(model)
         return cls(config, model, devices, train, rule_set, gen, mesh, shapes,

@@ -72,14 +72,30 @@ def format_table(report: dict[str, Any]) -> str:
         rows.append((name, _gib(p["peak_bytes_per_device"]), _gib(p["param_bytes_per_device"]),
                      _gib(p["optimizer_bytes_per_device"]), _gib(p["temp_bytes"]),
                      _gib(p["resident_bytes_per_device"]), _gib(p["total_bytes_per_device"]),
-                     _gib(p["cost_model"]["predicted_bytes_per_device"]),
+                     _gib(p["cost_model"]["predicted_bytes_per_device"]) if p["cost_model"] else "-",
                      "/".join(str(c[k]) for k in ("all-gather", "reduce-scatter", "all-reduce", "all-to-all",
                                                   "collective-permute"))))
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(cols))]
     lines = [head, ""] + ["  ".join(str(v).rjust(w) if i else str(v).ljust(w) for i, (v, w) in
                                     enumerate(zip(r, widths))) for r in rows]
-    lines += ["", f"fits in {_gib(report['usable_bytes_per_device'])} GiB usable per device "
-                  f"({report['memory_budget']}): {'yes' if report['fits'] else 'NO'}"]
+    if "vllm" in report:
+        v, shared = report["vllm"], report["time_sharing"]
+        lines += ["", f"vLLM tp={v['tensor_parallel_size']} x {v['replicas']} replicas: share "
+                      f"{_gib(v['share_bytes_per_device'])} GiB = weights {_gib(v['weight_bytes_per_device'])} + "
+                      f"activations {_gib(v['activation_allowance_bytes'])} + KV cache "
+                      f"{_gib(v['kv_cache_bytes_per_device'])} GiB ({v['kv_cache_tokens']} tokens; one sequence of "
+                      f"{v['max_model_len']}: {'fits' if v['one_sequence_fits'] else 'does NOT fit'})",
+                  f"phases (allocator {shared['allocator']}: "
+                  f"{'time-shared' if shared['time_shared'] else 'static split, JAX keeps its pool'}; JAX up to "
+                  f"{_gib(shared['jax_cap_bytes'])} GiB):"]
+        for name, row in report["phases"].items():
+            lines.append(f"  {name:9s} JAX {_gib(row['jax_bytes'])} + vLLM {_gib(row['vllm_bytes'])} + allowance "
+                         f"{_gib(row['allowance_bytes'])} = {_gib(row['total_bytes'])} GiB: "
+                         f"{'fits' if row['fits'] else 'does NOT fit'}")
+        lines.append(f"fits: {'yes' if report['fits'] else 'NO'}")
+    else:
+        lines += ["", f"fits in {_gib(report['usable_bytes_per_device'])} GiB usable per device "
+                      f"({report['memory_budget']}): {'yes' if report['fits'] else 'NO'}"]
     keys = report["keys"]
     for title, entries in (("mapped", keys["mapped"]), ("not modelled (plan computed without them)",
                                                          keys["not_modelled"]), ("ignored", keys["ignored"])):

@@ -334,7 +334,7 @@ class VllmRolloutEngine:
             return None
         tp = self.tp_group.size
         stream = TpShardStream(self.config, tp_devices if tp_devices is not None else tp_device_grid(tp)[0],
-                               self.tp_group.rank)
+                               self.tp_group.rank, dtype=self.options.dtype or self.config.dtype)
         marked = self._llm.collective_rpc(mark_tp_presharded)[0]
         if marked["vocab_rows_per_rank"] not in (None, stream.vocab // tp):
             raise RuntimeError(f"vLLM TP {tp}: vLLM holds {marked['vocab_rows_per_rank']} vocabulary rows per rank, "

@@ -153,18 +153,55 @@ def check_tp_divides(config: DecoderConfig, tp: int, where: str = "rollout.tenso
     padded_vocab(config.vocab_size, tp)
 
 
-def _identity(x: jax.Array) -> jax.Array:
-    return x
+def _cast(x: jax.Array, dtype: Any) -> jax.Array:
+    return x if dtype is None or not jnp.issubdtype(x.dtype, jnp.floating) else x.astype(dtype)
 
 
-def _take_layer(x: jax.Array, i: jax.Array) -> jax.Array:
-    return jax.lax.dynamic_index_in_dim(x, i, 0, keepdims=False)
+def _identity(x: jax.Array, dtype: Any = None) -> jax.Array:
+    return _cast(x, dtype)
 
 
-def _pad_rows(x: jax.Array, rows: int, axis: int) -> jax.Array:
+def take_layer(x: jax.Array, i: jax.Array, dtype: Any = None) -> jax.Array:
+    """Layer ``i`` of a stacked ``[layers, ...]`` leaf, in ``dtype`` (None: as is)."""
+    return _cast(jax.lax.dynamic_index_in_dim(x, i, 0, keepdims=False), dtype)
+
+
+def pad_rows(x: jax.Array, rows: int, axis: int, dtype: Any = None) -> jax.Array:
+    """``x`` zero-padded to ``rows`` along ``axis`` (vLLM's padded vocabulary), in ``dtype``."""
     pad = [(0, 0)] * x.ndim
     pad[axis] = (0, rows - x.shape[axis])
-    return jnp.pad(x, pad)
+    return _cast(jnp.pad(x, pad), dtype)
+
+
+def tp_sharding(mesh: Mesh, logical: Sequence[str | None]) -> NamedSharding:
+    """The vLLM TP layout of one array with logical axes ``logical`` on a ``('replica', 'tp')`` mesh."""
+    return NamedSharding(mesh, logical_to_spec(tuple(logical), VLLM_TP_PARAM_RULES))
+
+
+def tp_shard_shapes(config: DecoderConfig, tp: int) -> dict[str, tuple[int, ...]]:
+    """HF name -> the shape of one rank's shard (what vLLM's per-rank parameter takes before fusing)."""
+    c, t = config, tp
+    e, d = c.hidden_size, c.head_dim
+    vocab = padded_vocab(c.vocab_size, t)
+    q, kv, mlp = c.num_attention_heads // t * d, c.num_key_value_heads // t * d, c.intermediate_size // t
+    out = {"model.embed_tokens.weight": (vocab // t, e)}
+    for i in range(c.num_hidden_layers):
+        for suffix, _, kind in hf_layer_entries(c):
+            if kind == "in_proj":
+                shape = (q if ".q_proj" in suffix else kv, e)
+            elif kind == "out_proj":
+                shape = (e, q)
+            elif kind == "linear":
+                shape = (e, mlp) if "down_proj" in suffix else (mlp, e)
+            elif kind == "head_bias":
+                shape = (q if ".q_proj" in suffix else kv,)
+            else:
+                shape = (d,) if suffix.endswith(("q_norm.weight", "k_norm.weight")) else (e,)
+            out[f"model.layers.{i}.{suffix}"] = shape
+    out["model.norm.weight"] = (e,)
+    if not c.tie_word_embeddings:
+        out["lm_head.weight"] = (vocab // t, e)
+    return out
 
 
 class TpShardStream:
@@ -175,7 +212,8 @@ class TpShardStream:
     ``tp`` axis and replicated over its groups, so one collective hands every rank of every group its shard. Every
     process must consume the stream at the same time (each reshard is a collective)."""
 
-    def __init__(self, config: DecoderConfig, devices: Any, rank: int) -> None:
+    def __init__(self, config: DecoderConfig, devices: Any, rank: int, dtype: Any = None) -> None:
+        self.dtype = None if dtype is None else jnp.dtype(dtype)  # vLLM's weight dtype: shards are sent in it
         grid = np.asarray(devices, dtype=object)
         grid = grid.reshape(1, -1) if grid.ndim == 1 else grid
         self.config, self.tp, self.rank = config, grid.shape[1], int(rank)
@@ -190,18 +228,29 @@ class TpShardStream:
         self.axes = param_logical_axes(config)
         self._programs: dict[tuple[str, tuple[str | None, ...]], Any] = {}
 
-    def _sharding(self, logical: Sequence[str | None]) -> NamedSharding:
-        return NamedSharding(self.mesh, logical_to_spec(tuple(logical), VLLM_TP_PARAM_RULES))
-
     def _program(self, kind: str, logical: tuple[str | None, ...]) -> Any:
-        """The jitted reshard into the TP layout: ``layer`` (one layer of a stacked leaf), ``vocab`` (padded to
-        vLLM's vocabulary rows) or ``whole``; compiled once per logical layout and shape."""
+        """The reshard into the TP layout (cast to the rollout dtype): ``layer`` (one layer of a stacked leaf),
+        ``vocab`` (padded to vLLM's vocabulary rows) or ``whole``. One jitted program when the leaf's mesh orders the
+        devices as the TP mesh does; else the piece is cut out in the leaf's own layout and moved by
+        ``jax.device_put`` (a jitted program cannot take and return arrays whose meshes order the devices
+        differently). Compiled once per layout and shape."""
         key = (kind, logical)
         if key not in self._programs:
-            fn = {"layer": _take_layer, "whole": _identity,
-                  "vocab": functools.partial(_pad_rows, rows=self.vocab, axis=logical.index("vocab"))
+            fn = {"layer": functools.partial(take_layer, dtype=self.dtype),
+                  "whole": functools.partial(_identity, dtype=self.dtype),
+                  "vocab": functools.partial(pad_rows, rows=self.vocab, axis=logical.index("vocab"), dtype=self.dtype)
                   if "vocab" in logical else None}[kind]
-            self._programs[key] = jax.jit(fn, out_shardings=self._sharding(logical))
+            target = tp_sharding(self.mesh, logical)
+            direct, cut = jax.jit(fn, out_shardings=target), jax.jit(fn)
+            order = tuple(self.mesh.devices.flat)
+
+            def run(x: jax.Array, *args: Any) -> jax.Array:
+                mesh = getattr(x.sharding, "mesh", None)
+                if mesh is not None and tuple(mesh.devices.flat) == order:
+                    return direct(x, *args)
+                return jax.device_put(cut(x, *args), target)
+
+            self._programs[key] = run
         return self._programs[key]
 
     def _local(self, x: jax.Array) -> jax.Array:
@@ -211,29 +260,8 @@ class TpShardStream:
         raise RuntimeError(f"vLLM TP rank {self.rank}: no shard on {self.device}")
 
     def shapes(self) -> dict[str, tuple[int, ...]]:
-        """HF name -> the shape of this rank's shard (what vLLM's per-rank parameter takes), without params."""
-        c, t = self.config, self.tp
-        e, d = c.hidden_size, c.head_dim
-        out = {"model.embed_tokens.weight": (self.vocab // t, e)}
-        per_layer = {"in_proj_q": (c.num_attention_heads // t * d, e), "in_proj_kv": (c.num_key_value_heads // t * d, e)}
-        for i in range(c.num_hidden_layers):
-            for suffix, _, kind in hf_layer_entries(c):
-                if kind == "in_proj":
-                    shape = per_layer["in_proj_q" if ".q_proj" in suffix else "in_proj_kv"]
-                elif kind == "out_proj":
-                    shape = (e, c.num_attention_heads // t * d)
-                elif kind == "linear":
-                    shape = (c.intermediate_size // t, e) if "down_proj" not in suffix else (e, c.intermediate_size // t)
-                elif kind == "head_bias":
-                    heads = c.num_attention_heads if ".q_proj" in suffix else c.num_key_value_heads
-                    shape = (heads // t * d,)
-                else:
-                    shape = (d,) if suffix.endswith(("q_norm.weight", "k_norm.weight")) else (e,)
-                out[f"model.layers.{i}.{suffix}"] = shape
-        out["model.norm.weight"] = (e,)
-        if not c.tie_word_embeddings:
-            out["lm_head.weight"] = (self.vocab // t, e)
-        return out
+        """HF name -> the shape of this rank's shard (`tp_shard_shapes`)."""
+        return tp_shard_shapes(self.config, self.tp)
 
     def stream(self, params: Any, target: SyncTarget) -> tuple[Iterator[tuple[str, Any]], SyncStats]:
         """``(iterator of (hf_name, torch tensor of this rank's shard on target), stats)``; ``stats`` fill in as the
@@ -326,4 +354,5 @@ def group_prompts(prompts: Sequence[Sequence[int]], tp: int) -> tuple[list[list[
 
 
 __all__ = ["TP_SHARD_PATH", "TensorParallelGroup", "TpShardStream", "VLLM_TP_PARAM_RULES", "check_tp_divides",
+           "pad_rows", "take_layer", "tp_shard_shapes", "tp_sharding",
            "group_prompts", "make_tp_group", "name_cpu_shm_by_group", "padded_vocab", "remove_stale_cpu_shm", "tp_device_grid"]

@@ -36,7 +36,6 @@ the engine, inside the reshard above; the loop assembles the output columns.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import time
 from typing import Any, Iterator, Mapping
@@ -60,7 +59,7 @@ from jaxrl_hf.workers.actor_programs import LOG_PROB_INPUTS, build_actor_update,
 from jaxrl_hf.workers.common import (LoadedModel, WorkerConfigError, check_sequence_parallel_heads,
                                      lm_param_shardings, load_model, pad_sequences_to,
                                      reference_params, to_global, train_parallel, train_rule_set, worker_run_config)
-from jaxrl_hf.workers.generation_layout import GenerationLayout, generation_parallel
+from jaxrl_hf.workers.generation_layout import GenerationLayout, generation_parallel, jax_generation_placement
 from jaxrl_hf.workers.group_packing import pack_micro_stack, token_counts as group_token_counts
 from jaxrl_hf.workers.lora_policy import LoraPolicy
 from jaxrl_hf.workers.losses import lm_log_prob_fn
@@ -93,10 +92,8 @@ class ActorRolloutRefWorker(Worker):
         self.train = train_parallel(self.config.placement, sp=self.config.actor.ulysses_sequence_parallel_size)
         self.rule_set = train_rule_set(self.config, "actor", self.train)  # the ref follows the actor
         self.vllm_tp = rollout_tensor_parallel(self.config)  # 1 unless rollout.name=vllm with TP > 1
-        placement = self.config.placement
-        if self.config.rollout.name == "vllm":  # vLLM has its own TP layout (rollout.vllm_tp), not a JAX one
-            placement = dataclasses.replace(placement, generate=dataclasses.replace(placement.generate, tp=None))
-        self.gen = generation_parallel(placement, self.train, rule_set=self.rule_set)
+        self.gen = generation_parallel(jax_generation_placement(self.config.placement, self.config.rollout.name),
+                                       self.train, rule_set=self.rule_set)
         offload = self.config.actor.offload_optimizer
         if not isinstance(offload, bool):
             raise WorkerConfigError(f"actor.offload_optimizer={offload!r}: must be true or false")

@@ -33,6 +33,14 @@ def _divisors(n: int) -> list[int]:
     return [k for k in range(1, n + 1) if n % k == 0]
 
 
+def jax_generation_placement(placement: PlacementConfig, rollout_name: str) -> PlacementConfig:
+    """The placement whose ``generate`` sizes lay out JAX's generation: as given for the native engine; for vLLM
+    without ``generate.tp``, which is vLLM's own TP size (`jaxrl_hf.rollout.vllm_tp`), not a JAX layout."""
+    if rollout_name != "vllm":
+        return placement
+    return dataclasses.replace(placement, generate=dataclasses.replace(placement.generate, tp=None))
+
+
 def generation_parallel(placement: PlacementConfig, train: meshlib.TrainParallel, where: str = "placement",
                         rule_set: meshlib.RuleSet = meshlib.MEGATRON) -> meshlib.GenParallel | None:
     """``placement.generate.{pp,tp}`` as a `mesh.GenParallel` over ``train``, or ``None`` when equal to the
