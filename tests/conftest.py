@@ -17,7 +17,7 @@ PROCESS_MODULES = frozenset({
     "test_config_verl_cli", "test_packaging", "test_bench_gpu", "test_bench_trl_grpo", "test_user_imports",
     # Ray clusters of several worker processes
     "test_controller_multinode", "test_controller_failures", "test_controller_groups", "test_workers_groups",
-    "test_rewards_prm", "test_gpu_doctor", "test_gpu_memory_budget",
+    "test_rewards_prm", "test_gpu_doctor", "test_gpu_memory_budget", "test_controller_gpu_devices",
 })
 """Test modules that start Ray clusters, vLLM engines or trainer processes, several GiB each. Under pytest-xdist's
 ``--dist loadfile`` (`make test` runs two workers) they form one unit of work, so one runs at a time beside the

@@ -20,6 +20,8 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+import ray
+
 FORWARDED_ENV_PREFIXES = ("JAX_", "XLA_", "TF_CPP_", "NCCL_", "JAXRL_HF_", "HF_", "TRANSFORMERS_", "TOKENIZERS_",
                           "VLLM_")
 """Prefixes of the driver's environment variables passed to every process of a pool."""
@@ -105,3 +107,21 @@ def describe_nodes(nodes: list[dict]) -> list[str]:
 
 __all__ = ["BundlePlan", "FORWARDED_ENV_NAMES", "FORWARDED_ENV_PREFIXES", "NOT_FORWARDED_ENV", "bundle_plan",
            "describe_nodes", "forwarded_env"]
+
+
+NOSET_VISIBLE_DEVICES = {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"}
+"""A GPU pool's processes keep every GPU of their node visible (Ray does not narrow ``CUDA_VISIBLE_DEVICES`` per
+process, which is reported to make NCCL between a node's GPUs hang or crawl on NVSwitch machines); each process
+selects its own GPU explicitly (`local_gpu`)."""
+
+
+def local_gpu(gpu_ids: list | None = None) -> int:
+    """The GPU Ray assigned to this process (one per process), as an index into the node's GPUs: every process sees
+    them all (`NOSET_VISIBLE_DEVICES`). JAX takes it as ``local_device_ids``, vLLM as ``LOCAL_RANK`` and torch as
+    ``cuda:<it>``, so the three agree."""
+    if gpu_ids is None:
+        gpu_ids = ray.get_gpu_ids()
+    if len(gpu_ids) != 1:
+        raise RuntimeError(f"a GPU pool process holds {len(gpu_ids)} GPUs ({gpu_ids}); each must hold exactly one")
+    return int(gpu_ids[0])
+

@@ -19,6 +19,7 @@ from jaxrl_hf.controller.batch import PAD_ROWS_KEY, Batch
 from jaxrl_hf.controller.errors import WorkerMethodError
 from jaxrl_hf.controller.futures import resolve_deferred
 from jaxrl_hf.controller.layout import MeshCoords
+from jaxrl_hf.controller.node_placement import local_gpu
 from jaxrl_hf.controller.worker import Worker, WorkerContext
 
 _DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
@@ -60,7 +61,7 @@ class ProcessHost:
 
     def __init__(self, pool_name: str, rank: int, world_size: int, platform: str, devices_per_process: int):
         configure_host_devices(platform, devices_per_process)
-        self.pool_name, self.rank, self.world_size = pool_name, rank, world_size
+        self.pool_name, self.rank, self.world_size, self.platform = pool_name, rank, world_size, platform
         self._workers: dict[str, Worker] = {}
 
     def coordinator_address(self) -> str:
@@ -75,9 +76,15 @@ class ProcessHost:
         """Join the pool's multi-controller JAX program (all ranks must call this together)."""
         import jax
 
+        gpu = None
+        if self.platform == "gpu":  # every GPU of the node is visible: take Ray's one explicitly (node_placement)
+            gpu = local_gpu()
+            if self.world_size == 1:
+                jax.config.update("jax_cuda_visible_devices", str(gpu))
         if self.world_size > 1:
             jax.distributed.initialize(
-                coordinator, self.world_size, self.rank, initialization_timeout=int(timeout_s)
+                coordinator, self.world_size, self.rank, initialization_timeout=int(timeout_s),
+                local_device_ids=None if gpu is None else [gpu],
             )
         return {
             "pid": os.getpid(),
@@ -88,6 +95,7 @@ class ProcessHost:
             "device_count": jax.device_count(),
             "local_device_count": jax.local_device_count(),
             "backend": jax.default_backend(),  # "cpu" in a GPU pool = no CUDA plugin (checked by the trainer)
+            "gpu": gpu,
         }
 
     def import_user_modules(self, specs: tuple[str, ...]) -> None:

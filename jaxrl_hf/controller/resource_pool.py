@@ -22,7 +22,8 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from jaxrl_hf.controller.errors import ControllerError, PoolBrokenError, WorkerDiedError
-from jaxrl_hf.controller.node_placement import BundlePlan, bundle_plan, describe_nodes, forwarded_env
+from jaxrl_hf.controller.node_placement import (NOSET_VISIBLE_DEVICES, BundlePlan, bundle_plan, describe_nodes,
+                                               forwarded_env)
 from jaxrl_hf.controller.process import ProcessHost
 
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
@@ -174,7 +175,8 @@ class ResourcePool:
                     f"alive nodes (total resources): {describe_nodes(ray.nodes())}"
                 ) from None
             self._placement_group = group
-            env = {**forwarded_env(), **self.env_vars, **({} if self.use_gpu else self.cpu_env_vars)}
+            env = {**forwarded_env(), **self.env_vars,
+                   **(NOSET_VISIBLE_DEVICES if self.use_gpu else self.cpu_env_vars)}
             hosts = [self._spawn(group, rank, plan, env) for rank in range(self.num_processes)]
             try:
                 self._process_info = self._join(hosts)
