@@ -69,7 +69,9 @@ class RolloutConfig:
     # vLLM engine options (``name=vllm`` only; null = the engine's default, see
     # ``jaxrl_hf.rollout.vllm_engine.VllmOptions``). verl's names where it has them.
     tensor_parallel_size: Optional[int] = None
-    """vLLM tensor parallel size for one generation TP group (GPU; CPU supports 1)."""
+    """vLLM's TP size (the vLLM option's spelling of ``placement.generate.tp`` = verl's
+    ``rollout.tensor_model_parallel_size``; both set must agree): one TP rank per actor process
+    (`jaxrl_hf.rollout.vllm_tp`)."""
     gpu_memory_utilization: Optional[float] = None
     """GPU share for vLLM's weights + KV cache (GPU only; default 0.5)."""
     kv_cache_gib: Optional[float] = None

@@ -41,21 +41,15 @@ Sleep mode, GPU vs CPU
     size: ``kv_cache_gib`` (default 1 GiB; passed as ``kv_cache_memory_bytes``; an explicit
     ``VLLM_CPU_KVCACHE_SPACE`` in the environment overrides it, as vLLM's CPU platform reads it).
 
-Tensor parallelism (GPU)
-  ``tensor_parallel_size=tp_g`` makes vLLM shard every linear layer over ``tp_g`` ranks. The loader
-  contract is "every rank is handed the *full* HF tensor; each rank's ``weight_loader`` narrows out its
-  own slice" (column-parallel q/k/v/gate/up on the output dim, row-parallel o/down on the input dim,
-  vocab-parallel embedding/lm_head on the vocab dim). So a TP-sharded JAX actor reaches a TP-sharded vLLM
-  engine as follows: in the hybrid engine the actor's training layout is first resharded into the
-  generation layout (``jaxrl_hf.workers.generation_layout``: ``dp x tp_g`` over the same devices); within
-  one generation TP group of ``tp_g`` devices each leaf is gathered (``all-gather`` over that group's tp
-  axis; ``weight_sync.leaf_to_torch`` does the host-side gather when the leaf is sharded in this process)
-  and handed to vLLM, whose ranks slice it again. Each rank therefore transiently holds one full tensor
-  at a time (the stream is per tensor, never the whole dict). When the vLLM executor is in this process
-  (TP=1, or ``distributed_executor_backend="external_launcher"`` where every rank is one process of the
-  caller's torch.distributed group, as verl does) the stream is passed lazily as DLPack views; with a
-  multi-process executor (``mp``/``ray``) ``collective_rpc`` must pickle its arguments, so the tensors are
-  materialised contiguously first (a copy; stated in ``last_sync_stats``). On CPU only TP=1 is supported.
+Tensor parallelism
+  ``tensor_parallel_size=t > 1`` with a ``tp_group`` (`jaxrl_hf.rollout.vllm_tp.TensorParallelGroup`): this process
+  is one rank of a vLLM engine whose ranks are ``t`` processes of the caller's JAX program
+  (``external_launcher``; gloo on CPU, NCCL on GPUs). ``set_params`` feeds this rank only its TP shard, layer by
+  layer, in the engine's dtype (`vllm_tp.TpShardStream`, path ``tp_shard``), into parameters marked presharded
+  (`vllm_reload.mark_tp_presharded`); ``generate`` takes this rank's own prompts, the group generates every rank's
+  (`vllm_tp.group_prompts`) and each rank gets its own rows back. With TP=1 and a multi-process executor
+  (``mp``/``ray``) ``collective_rpc`` pickles its arguments, so the tensors are materialised first (a copy; stated
+  in ``last_sync_stats``).
 
 Log-probs (``SamplingParams.logprobs_mode`` -> vLLM ``logprobs_mode``, fixed per engine)
   vLLM's ``raw_logprobs`` = ``log_softmax(logits)``; ``processed_logprobs`` = log-softmax after
@@ -143,7 +137,7 @@ class VllmOptions:
     prompt + response (default ``max_position_embeddings``). max_num_seqs: concurrent rows.
     enforce_eager: no torch.compile / CUDA graphs (faster start; on CPU eager is the default).
     enable_prefix_caching: share prompt KV among the ``n`` rows of a prompt (reset at every weight sync).
-    tensor_parallel_size / distributed_executor_backend: the generation TP group (GPU; CPU needs TP=1).
+    tensor_parallel_size / distributed_executor_backend: the TP size (> 1: ranks in the caller's processes).
     enable_sleep_mode: None = on where the platform supports it (CUDA), else off; True on CPU raises.
     sleep_level: 1 or 2 (``llm.sleep`` level). sleep_after_generate: free the KV cache after each
     ``generate`` where sleep is supported. dtype: vLLM compute dtype (default the model's ``dtype``).

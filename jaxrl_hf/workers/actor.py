@@ -18,9 +18,11 @@ Rollout engine: ``rollout.name`` through `jaxrl_hf.rollout.make_rollout_engine` 
 (``p_g``, ``t_g``) equal to ``placement.train``'s pp/tp (or unset) the engine runs on the training mesh;
 otherwise each rollout reshards the training params to the generation layout with the 3D-HybridEngine
 (`jaxrl_hf.workers.generation_layout`), generates on the generation mesh (batch over ``dg``·``dp``) and
-slices the training params back, freeing the generation copy. vLLM keeps its own copy of the weights and
-runs TP=1 on CPU, so with ``rollout.name=vllm`` no generation mesh is built: each weight sync streams the
-training-layout leaves, gathering a sharded leaf to one host buffer at a time (``rollout.weight_sync``).
+slices the training params back, freeing the generation copy. vLLM keeps its own copy of the weights, so with
+``rollout.name=vllm`` no JAX generation mesh is built: at TP 1 each weight sync streams the training-layout leaves
+(a sharded leaf gathered to one buffer at a time, ``rollout.weight_sync``); with ``placement.generate.tp`` (verl's
+``rollout.tensor_model_parallel_size``) > 1 each process hosts one vLLM TP rank and is fed only its shard
+(`jaxrl_hf.rollout.vllm_tp`), whatever the training layout.
 ``actor.offload_optimizer`` keeps the optimizer state in host memory outside ``update_actor``
 (`jaxrl_hf.workers.offload`). ``actor.ulysses_sequence_parallel_size > 1`` (Ulysses) adds an ``sp`` axis to the
 training mesh: rows over ``dp``, the sequence over ``sp`` (left-padded to a multiple of it), the strategy's
