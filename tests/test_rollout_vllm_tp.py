@@ -6,6 +6,7 @@ equal a float32 teacher-forced forward, an update is served, and a rank receives
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
@@ -169,3 +170,30 @@ def test_stale_cpu_shm_files_are_removed_unless_mapped(tmp_path):
         removed = remove_stale_cpu_shm(0, str(tmp_path))
     assert [os.path.basename(p) for p in removed] == [names[0]]
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names[1:])
+
+
+@pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 devices (XLA_FLAGS host device count)")
+@pytest.mark.parametrize("tp", [2, 4])
+def test_fsdp_to_tp_sync_receives_the_formula_bytes(tp):
+    """FSDP over 8 devices (ZeRO-3 on ``embed``) -> vLLM TP ``tp`` (``8/tp`` groups): a device holds 1/8 of a layer's
+    q_proj and needs 1/tp of it, of which it holds 1/(8·tp): it receives (1/tp − 1/(8·tp)) of the layer, read from
+    the compiled program's collectives."""
+    from jaxrl_hf import mesh as meshlib
+    from jaxrl_hf.mesh.hlo_collectives import summarize
+    from jaxrl_hf.models import param_logical_axes, param_shardings
+    from jaxrl_hf.rollout.vllm_tp import take_layer, tp_sharding
+
+    config = dataclasses.replace(CONFIG, num_attention_heads=8, num_key_value_heads=8, hidden_size=256)
+    devices = meshlib.ordered_devices()[:8]
+    train = meshlib.build_train_mesh(meshlib.TrainParallel(pp=1, tp=1, dp=8), devices)
+    leaf_sharding = param_shardings(config, train, meshlib.get_rule_set("fsdp").params)
+    q = leaf_sharding["model"]["layers"]["self_attn"]["q_proj"]["kernel"]
+    shape = param_shapes(config)["model"]["layers"]["self_attn"]["q_proj"]["kernel"]
+    logical = tuple(param_logical_axes(config)["model"]["layers"]["self_attn"]["q_proj"]["kernel"])[1:]
+    grid = jax.sharding.Mesh(np.asarray(list(train.devices.flat)).reshape(-1, tp), ("replica", "tp"))
+    program = jax.jit(take_layer, out_shardings=tp_sharding(grid, logical))
+    compiled = program.lower(jax.ShapeDtypeStruct(shape.shape, shape.dtype, sharding=q), np.int32(0)).compile()
+    layer_bytes = int(np.prod(shape.shape[1:])) * 4
+    expected = layer_bytes * (1 / tp - 1 / (8 * tp))
+    received = summarize(compiled.as_text(), [d.id for d in train.devices.flat]).received_bytes
+    assert all(v == pytest.approx(expected) for v in received.values()), (received, expected)

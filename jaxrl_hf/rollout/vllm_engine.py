@@ -401,6 +401,10 @@ class VllmRolloutEngine:
             raise RuntimeError("vLLM engine: tie_word_embeddings=True but the vLLM model's lm_head does not share the "
                                "embedding weight; the synced weights would not reach the output layer")
         if self._sleeping:
+            if self.sync_target.memory == "device":  # the load's transient tensors go back before the KV cache wakes
+                import torch
+
+                torch.cuda.empty_cache()
             self.memory.measure("wake", lambda: self._llm.wake_up(tags=["kv_cache"]))
             self._sleeping = False
         self._llm.reset_prefix_cache()
