@@ -30,13 +30,14 @@ PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 
 
 def ensure_ray() -> None:
-    """Connect to Ray if not connected: ``RAY_ADDRESS`` (an existing cluster) or a new local one."""
+    """Connect to Ray if not connected: ``RAY_ADDRESS`` (an existing cluster) or a new local one. Never another run's
+    cluster found on this machine (Ray's default without an address): that run's end would kill this one's actors."""
     if ray.is_initialized():
         return
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"])
     else:
-        ray.init(include_dashboard=False)
+        ray.init(address="local", include_dashboard=False)
 
 
 class ResourcePool:
