@@ -32,6 +32,9 @@ from jaxrl_hf.mesh.topology import GenParallel
 
 PARAM_AXIS_NAMES = ("vocab", "embed", "mlp", "heads", "kv_heads", "head_dim", "layers")
 ACTIVATION_AXIS_NAMES = ("batch", "length")
+REPLICATED_UNLESS_RULED = ("expert",)
+"""Logical names replicated under a rule set with no rule for them (instead of an error): the ``expert`` axis of
+MoE parameters (`jaxrl_hf.models.moe`), which no built-in rule set splits yet. Dense models have none of them."""
 
 
 def is_logical_leaf(x: Any) -> bool:
@@ -63,7 +66,7 @@ def logical_to_spec(logical: Sequence[str | None], rules: Rules, *, shape: Seque
     if shape is not None and len(shape) != len(logical):
         raise ValueError(f"{where}: logical axes {logical} have {len(logical)} entries but the array has "
                          f"shape {tuple(shape)}")
-    known = {rule_name for rule_name, _ in rules}
+    known = {rule_name for rule_name, _ in rules} | set(REPLICATED_UNLESS_RULED)
     assigned: list[tuple[str, ...] | None] = [None] * len(logical)
     used: set[str] = set()
     skipped: dict[int, list[str]] = {}

@@ -14,10 +14,11 @@ import json
 import os
 from typing import Any, Mapping
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3_text")
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3_text", "qwen3_moe")
 GEMMA_MODEL_TYPES = ("gemma2", "gemma3_text")
 HF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-                    "mistral": "MistralForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM"}
+                    "mistral": "MistralForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
+                    "qwen3_moe": "Qwen3MoeForCausalLM"}
 UNSUPPORTED_MODEL_TYPES = {
     "gemma": "Gemma 1 (GeGLU and (1+w) norms but without Gemma 2's post-attention/post-MLP norms) is not "
              "implemented",
@@ -26,6 +27,18 @@ UNSUPPORTED_MODEL_TYPES = {
               "Gemma3ForCausalLM, e.g. gemma-3-1b) is",
 }
 """model_types met in the wild that this decoder refuses, with what exactly is missing."""
+UNSUPPORTED_MOE_FIELDS = {
+    "shared_expert_intermediate_size": "shared experts (Qwen2-MoE) are not implemented",
+    "n_shared_experts": "shared experts (DeepSeek) are not implemented",
+    "kv_lora_rank": "multi-head latent attention (DeepSeek's MLA) is not implemented",
+    "q_lora_rank": "multi-head latent attention (DeepSeek's MLA) is not implemented",
+    "n_group": "grouped top-k routing (DeepSeek-V3) is not implemented",
+    "topk_group": "grouped top-k routing (DeepSeek-V3) is not implemented",
+}
+"""config.json keys of MoE variants this decoder refuses when set (a positive number), with what is missing."""
+QWEN3_MOE_DEFAULTS = {"num_experts": 128, "num_local_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768,
+                      "norm_topk_prob": False, "decoder_sparse_step": 1, "mlp_only_layers": []}
+"""transformers' ``Qwen3MoeConfig`` defaults of the MoE keys a config.json may leave out."""
 LAYER_TYPES = ("full_attention", "sliding_attention")
 HIDDEN_ACTS = ("silu", "gelu_pytorch_tanh")
 SUPPORTED_DTYPES = ("float32", "bfloat16", "float16")
@@ -64,6 +77,10 @@ class DecoderConfig:
     attention over a stored cache runs in `models.cpu_kernels.cache_attention`. ``pair_kernels`` (bfloat16 only;
     set by the actor's and critic's training programs where `models.pair_matmul.wanted`): the projections' weight
     gradients run in `models.pair_matmul` (forward passes, the generation program included, are unchanged).
+    MoE (``model_type`` ``qwen3_moe``; ``num_experts = 0`` is a dense model): layer ``i`` is sparse iff ``i`` is
+    not in ``mlp_only_layers`` and ``(i + 1) % decoder_sparse_step == 0`` (`moe_layers`); a sparse layer routes
+    each token to ``num_experts_per_tok`` of ``num_experts`` SwiGLU experts of width ``moe_intermediate_size``
+    (`jaxrl_hf.models.moe`), the other layers keep the dense MLP of width ``intermediate_size``.
     """
 
     vocab_size: int
@@ -92,6 +109,12 @@ class DecoderConfig:
     attn_logit_softcapping: float | None = None
     final_logit_softcapping: float | None = None
     rope_local_theta: float | None = None
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
     # Runtime options (not part of config.json).
     dtype: str = "float32"
     param_dtype: str = "float32"
@@ -162,12 +185,49 @@ class DecoderConfig:
         if self.attn_implementation not in SUPPORTED_ATTN_IMPLEMENTATIONS:
             raise ValueError(f"DecoderConfig.attn_implementation={self.attn_implementation!r} (config key "
                              f"model.attn_implementation); valid: {SUPPORTED_ATTN_IMPLEMENTATIONS}")
+        self._check_moe()
         rope_type = self.rope_type
         if rope_type not in SUPPORTED_ROPE_TYPES:
             raise ValueError(
                 f"rope_scaling rope_type={rope_type!r} is not supported; supported: {SUPPORTED_ROPE_TYPES}")
 
+    def _check_moe(self) -> None:
+        if not isinstance(self.num_experts, int) or self.num_experts < 0:
+            raise ValueError(f"DecoderConfig.num_experts={self.num_experts!r} must be an int >= 0 (0: dense)")
+        object.__setattr__(self, "mlp_only_layers", tuple(sorted(set(int(i) for i in self.mlp_only_layers))))
+        if not self.num_experts:
+            if self.num_experts_per_tok or self.moe_intermediate_size or self.mlp_only_layers or self.norm_topk_prob \
+                    or self.decoder_sparse_step != 1:
+                raise ValueError("DecoderConfig: MoE fields (num_experts_per_tok, moe_intermediate_size, "
+                                 "norm_topk_prob, decoder_sparse_step, mlp_only_layers) set with num_experts=0")
+            return
+        if not isinstance(self.num_experts_per_tok, int) or not 1 <= self.num_experts_per_tok <= self.num_experts:
+            raise ValueError(f"DecoderConfig.num_experts_per_tok={self.num_experts_per_tok!r} must be in 1 .. "
+                             f"num_experts={self.num_experts}")
+        if not isinstance(self.moe_intermediate_size, int) or self.moe_intermediate_size <= 0:
+            raise ValueError(f"DecoderConfig.moe_intermediate_size={self.moe_intermediate_size!r} must be a "
+                             "positive int")
+        if not isinstance(self.decoder_sparse_step, int) or self.decoder_sparse_step < 1:
+            raise ValueError(f"DecoderConfig.decoder_sparse_step={self.decoder_sparse_step!r} must be an int >= 1")
+        if any(not 0 <= i < self.num_hidden_layers for i in self.mlp_only_layers):
+            raise ValueError(f"DecoderConfig.mlp_only_layers={list(self.mlp_only_layers)} must be layer indices in "
+                             f"0 .. {self.num_hidden_layers - 1}")
+        if self.cpu_kernels:
+            raise ValueError("DecoderConfig.cpu_kernels (panel-order kernels) has no MoE path; num_experts > 0")
+
     # ----------------------------------------------------------------------------------------
+    @property
+    def moe_layers(self) -> tuple[bool, ...]:
+        """Per layer, whether it is sparse (an MoE block instead of the dense MLP), by transformers' rule: layer
+        ``i`` is sparse iff ``i not in mlp_only_layers and num_experts > 0 and (i + 1) % decoder_sparse_step == 0``."""
+        return tuple(i not in self.mlp_only_layers and self.num_experts > 0 and (i + 1) % self.decoder_sparse_step == 0
+                     for i in range(self.num_hidden_layers))
+
+    @property
+    def is_moe(self) -> bool:
+        """Some layer is sparse."""
+        return any(self.moe_layers)
+
     @property
     def rope_type(self) -> str:
         return str(dict(self.rope_scaling).get("rope_type", "default"))
@@ -214,8 +274,10 @@ class DecoderConfig:
             attn += e
         if self.qk_norm:
             attn += 2 * d
-        layer = attn + 3 * e * m + (4 if self.is_gemma else 2) * e
-        total = self.num_hidden_layers * layer + self.vocab_size * e + e
+        layer = attn + (4 if self.is_gemma else 2) * e
+        moe = e * self.num_experts + 3 * self.num_experts * e * self.moe_intermediate_size
+        mlps = sum(moe if sparse else 3 * e * m for sparse in self.moe_layers)
+        total = self.num_hidden_layers * layer + mlps + self.vocab_size * e + e
         if not self.tie_word_embeddings:
             total += self.vocab_size * e
         return total
@@ -259,7 +321,32 @@ GEMMA_DEFAULTS = {  # Gemma2Config / Gemma3TextConfig defaults of the keys a con
 }
 
 
+def _check_moe_variant(hf: Mapping[str, Any]) -> None:
+    """Refuse the MoE variants not implemented (`UNSUPPORTED_MOE_FIELDS`), naming the key."""
+    for key, why in UNSUPPORTED_MOE_FIELDS.items():
+        value = hf.get(key)
+        if value is not None and not isinstance(value, bool) and isinstance(value, (int, float)) and value > 0:
+            raise ValueError(f"config.json {key}={value!r} is not supported: {why}")
+
+
+def _moe_fields(hf: Mapping[str, Any], model_type: str) -> dict[str, Any]:
+    """The `DecoderConfig` MoE fields of a ``qwen3_moe`` config.json (transformers' defaults where absent)."""
+    if model_type != "qwen3_moe":
+        return {}
+    get = lambda key: hf.get(key, QWEN3_MOE_DEFAULTS[key])  # noqa: E731
+    # transformers 5 writes num_experts as num_local_experts (its attribute_map alias); Qwen's files num_experts
+    experts = int(hf["num_experts"] if "num_experts" in hf else get("num_local_experts" if "num_local_experts" in hf
+                                                                    else "num_experts") or 0)
+    if experts <= 0:
+        return {}
+    return {"num_experts": experts, "num_experts_per_tok": int(get("num_experts_per_tok")),
+            "moe_intermediate_size": int(get("moe_intermediate_size")), "norm_topk_prob": bool(get("norm_topk_prob")),
+            "decoder_sparse_step": int(get("decoder_sparse_step")),
+            "mlp_only_layers": tuple(int(i) for i in (get("mlp_only_layers") or ()))}
+
+
 def _check_model_type(hf: Mapping[str, Any]) -> str:
+    _check_moe_variant(hf)
     model_type = hf.get("model_type", "llama")
     if model_type in UNSUPPORTED_MODEL_TYPES:
         raise ValueError(f"config.json model_type={model_type!r} is not supported: "
@@ -324,7 +411,7 @@ def hf_sliding_layers(hf: Mapping[str, Any], model_type: str) -> tuple[int | Non
     layer types also choose the RoPE base)."""
     layers = int(hf["num_hidden_layers"])
     window = hf.get("sliding_window", GEMMA_DEFAULTS.get(model_type, {}).get("sliding_window"))
-    if model_type in ("qwen2", "qwen3") and not hf.get("use_sliding_window"):
+    if model_type in ("qwen2", "qwen3", "qwen3_moe") and not hf.get("use_sliding_window"):
         window = None
     if model_type == "llama" or window is None:
         return None, ()
@@ -394,7 +481,7 @@ def decoder_config_from_hf(hf: Mapping[str, Any], **runtime: Any) -> DecoderConf
         bos_token_id=hf.get("bos_token_id"),
         eos_token_ids=eos_ids,
         pad_token_id=hf.get("pad_token_id"),
-        qk_norm=model_type in ("qwen3", "gemma3_text"),
+        qk_norm=model_type in ("qwen3", "gemma3_text", "qwen3_moe"),
         sliding_window=sliding_window,
         layer_types=layer_types,
         hidden_act=hidden_act,
@@ -402,6 +489,7 @@ def decoder_config_from_hf(hf: Mapping[str, Any], **runtime: Any) -> DecoderConf
         attn_logit_softcapping=gemma_float("attn_logit_softcapping"),
         final_logit_softcapping=gemma_float("final_logit_softcapping"),
         rope_local_theta=local_theta,
+        **_moe_fields(hf, model_type),
         **runtime,
     )
 
@@ -432,18 +520,22 @@ def decoder_config_to_hf(config: DecoderConfig) -> dict[str, Any]:
         "pad_token_id": c.pad_token_id,
         "torch_dtype": "float32",
     }
-    if c.model_type in ("llama", "qwen3") + GEMMA_MODEL_TYPES:
+    if c.model_type in ("llama", "qwen3", "qwen3_moe") + GEMMA_MODEL_TYPES:
         out["attention_bias"] = c.qkv_bias
     if c.model_type == "llama":
         out["mlp_bias"] = False
     windows = c.layer_windows
     # transformers' Gemma configs want a window even when no layer slides: one that hides nothing
     out["sliding_window"] = c.sliding_window if windows else (c.max_position_embeddings if c.is_gemma else None)
-    if c.model_type in ("qwen2", "qwen3"):
+    if c.model_type in ("qwen2", "qwen3", "qwen3_moe"):
         out["use_sliding_window"] = windows is not None
         out["max_window_layers"] = c.num_hidden_layers
     if c.model_type != "mistral":  # Mistral slides every layer when sliding_window is set
         out["layer_types"] = ["sliding_attention" if w else "full_attention" for w in windows or (0,) * c.num_hidden_layers]
+    if c.model_type == "qwen3_moe":
+        out.update(num_experts=c.num_experts, num_experts_per_tok=c.num_experts_per_tok,
+                   moe_intermediate_size=c.moe_intermediate_size, norm_topk_prob=c.norm_topk_prob,
+                   decoder_sparse_step=c.decoder_sparse_step, mlp_only_layers=list(c.mlp_only_layers))
     if c.is_gemma:
         scalar = c.query_pre_attn_scalar or float(c.head_dim)  # transformers types it int
         out.update(hidden_activation=c.hidden_act, query_pre_attn_scalar=int(scalar) if scalar.is_integer() else scalar,

@@ -133,6 +133,7 @@ def hidden_states(module: CausalLM, params: tuple[Params, tuple[Params, ...]], i
     outs = []
     for i, (weights, cache) in enumerate(zip(layers, caches)):
         window = None if windows is None else jnp.int32(windows[i])
-        x, out = layer.apply({"params": weights}, x, positions, attention_mask, index, cache, window, store)
+        sparse = (jnp.asarray(config.moe_layers[i]),) if config.is_moe and not all(config.moe_layers) else ()
+        x, out = layer.apply({"params": weights}, x, positions, attention_mask, index, cache, window, store, *sparse)
         outs.append(out)
     return module.apply({"params": rest}, x, method=lambda m, h: m.model.norm(h)), tuple(outs)

@@ -8,7 +8,9 @@ and key head (RMSNorm over ``head_dim``) before RoPE; sliding-window layers (Mis
 2024) scales the embedding by ``sqrt(hidden)``, uses ``x_hat * (1 + w)`` norms, GeGLU (tanh-gelu), also
 normalises the attention and MLP outputs before each residual add, scales scores by ``query_pre_attn_scalar^-1/2``
 and soft-caps attention and final logits (``c * tanh(z / c)``); Gemma 3 (text) adds q/k head norms and a RoPE
-base of its own (``rope_local_theta``) for the sliding layers.
+base of its own (``rope_local_theta``) for the sliding layers. Qwen3-MoE: Qwen3 with a sparse mixture-of-experts
+block (`jaxrl_hf.models.moe`) in place of the MLP in its sparse layers (`DecoderConfig.moe_layers`); a model
+mixing dense and sparse layers holds both parameter sets in every layer and runs the one the layer's flag picks.
 
 Parameters carry logical axes (``vocab``, ``embed``, ``mlp``, ``heads``, ``kv_heads``, ``head_dim``;
 the layers are stacked by ``nn.scan`` on a leading ``layers`` axis) and activations are constrained
@@ -27,6 +29,8 @@ Param tree of ``CausalLM`` (shapes without the ``layers`` axis where stacked)::
   model/layers/post_attention_layernorm/scale
   model/layers/{pre,post}_feedforward_layernorm/scale [layers, embed]      (Gemma 2)
   model/layers/mlp/{gate,up}_proj/kernel [layers, embed, mlp];  down_proj/kernel [layers, mlp, embed]
+  model/layers/moe/router/kernel        [layers, embed, expert]                 (MoE: `models.moe`)
+  model/layers/moe/{gate,up}_proj/kernel [layers, expert, embed, mlp]; down_proj/kernel [layers, expert, mlp, embed]
   model/norm/scale                      [embed]
   lm_head/kernel                        [embed, vocab]   (absent when tied)
 
@@ -55,6 +59,7 @@ from jaxrl_hf.mesh.rules import logical_to_spec
 from jaxrl_hf.models.attention import cached_attention, self_attention, soft_cap, stored_attention
 from jaxrl_hf.models.config import DecoderConfig
 from jaxrl_hf.models.matmul import matmul_f32_accumulate
+from jaxrl_hf.models.moe import MoEBlock, Routing
 from jaxrl_hf.models.packed_attention import per_row_attention
 from jaxrl_hf.models.panel_matmul import panel_matmul
 from jaxrl_hf.models.rope import apply_rope, rope_frequencies
@@ -301,8 +306,10 @@ class DecoderLayer(nn.Module):
     @nn.compact
     def __call__(self, x: Array, positions: Array, attention_mask: Array, cache_index: Array,
                  layer_cache: KVCache | None, window: Array | None = None,
-                 store: bool = False) -> tuple[Array, KVCache | None]:
-        """Returns ``(hidden, new_kv)``; ``new_kv`` as in ``Attention`` (scanned: stacked over layers)."""
+                 store: bool = False, sparse: Array | None = None) -> tuple[Array, KVCache | None]:
+        """Returns ``(hidden, new_kv)``; ``new_kv`` as in ``Attention`` (scanned: stacked over layers).
+        ``sparse``: whether this layer is an MoE layer (a traced bool), given only when the model mixes dense and
+        sparse layers (`DecoderConfig.moe_layers`)."""
         c = self.config
         x = constrain(x, ("batch", "length", "embed"), self.mesh, self.rules)
         h = make_norm(c, "input_layernorm")(x)
@@ -312,11 +319,46 @@ class DecoderLayer(nn.Module):
             x = x + make_norm(c, "post_attention_layernorm")(attn)
             h = checkpoint_name(make_norm(c, "pre_feedforward_layernorm")(x), "mlp_in")
             x = x + make_norm(c, "post_feedforward_layernorm")(MLP(c, self.mesh, self.rules, name="mlp")(h))
+        elif c.is_moe:
+            x = x + attn
+            h = checkpoint_name(make_norm(c, "post_attention_layernorm")(x), "mlp_in")
+            x = x + self._moe_or_mlp(h, sparse)
         else:
             x = x + attn
             h = checkpoint_name(make_norm(c, "post_attention_layernorm")(x), "mlp_in")
             x = x + MLP(c, self.mesh, self.rules, name="mlp")(h)
         return constrain(x, ("batch", "length", "embed"), self.mesh, self.rules), new_kv
+
+    def _moe_or_mlp(self, h: Array, sparse: Array | None) -> Array:
+        """An MoE model's feed-forward: the MoE block (``moe``) where every layer is sparse; in a model mixing
+        dense and sparse layers, every layer holds both the dense ``mlp`` and the ``moe`` parameters and runs the
+        one ``sparse`` picks (``nn.cond``; at init both, so both parameter sets exist). The routing is sown as
+        ``intermediates/router_logits`` and ``intermediates/router_experts`` (zeros/-1 in a dense layer)."""
+        c = self.config
+        if all(c.moe_layers):
+            y, routing = MoEBlock(c, name="moe")(h)
+        else:
+            if sparse is None:
+                raise ValueError("a model mixing dense and MoE layers needs the per-layer `sparse` flag")
+            n = h.size // h.shape[-1]
+
+            def moe(m: nn.Module, h: Array) -> tuple[Array, Routing]:
+                return MoEBlock(c, name="moe")(h)
+
+            def dense(m: nn.Module, h: Array) -> tuple[Array, Routing]:
+                k = c.num_experts_per_tok
+                none = Routing(jnp.zeros((n, c.num_experts), jnp.float32), jnp.full((n, k), -1, jnp.int32),
+                               jnp.zeros((n, k), h.dtype))
+                return MLP(c, m.mesh, m.rules, name="mlp")(h).astype(h.dtype), none
+
+            if self.is_initializing():
+                y_moe, routing = moe(self, h)
+                y = jnp.where(sparse, y_moe, dense(self, h)[0])
+            else:
+                y, routing = nn.cond(sparse, moe, dense, self, h)
+        self.sow("intermediates", "router_logits", routing.logits)
+        self.sow("intermediates", "router_experts", routing.experts)
+        return y
 
 
 _SAVE_ATTN_OUT = jax.checkpoint_policies.save_only_these_names("attn_out", "attn_lse")
@@ -356,11 +398,12 @@ class Decoder(nn.Module):
         layer_cls = DecoderLayer
         if c.remat != "none":
             layer_cls = nn.remat(DecoderLayer, policy=REMAT_POLICIES[c.remat], prevent_cse=False)
+        self.mixed_moe = c.is_moe and not all(c.moe_layers)  # layers pick dense or MoE by a scanned flag
         self.layers = nn.scan(
             layer_cls,
-            variable_axes={"params": 0},
+            variable_axes={"params": 0, "intermediates": 0} if c.is_moe else {"params": 0},
             split_rngs={"params": True},
-            in_axes=(nn.broadcast, nn.broadcast, nn.broadcast, 0, 0),
+            in_axes=(nn.broadcast, nn.broadcast, nn.broadcast, 0, 0) + ((nn.broadcast, 0) if self.mixed_moe else ()),
             length=c.num_hidden_layers,
             unroll=1 if c.scan_layers else c.num_hidden_layers,  # the same stacked parameters either way
             metadata_params={nn.PARTITION_NAME: "layers"},
@@ -387,7 +430,9 @@ class Decoder(nn.Module):
                 cache = jax.tree.map(lambda a: a[:, :, :, :0], cache)
         x = self.embed(input_ids)
         windows = None if self.config.layer_windows is None else jnp.asarray(self.config.layer_windows, jnp.int32)
-        x, new_kv = self.layers(x, positions, attention_mask, jnp.asarray(cache_index, jnp.int32), cache, windows)
+        sparse = (False, jnp.asarray(self.config.moe_layers)) if self.mixed_moe else ()
+        x, new_kv = self.layers(x, positions, attention_mask, jnp.asarray(cache_index, jnp.int32), cache, windows,
+                                *sparse)
         return self.norm(x), new_kv
 
     def embed(self, input_ids: Array) -> Array:

@@ -23,8 +23,12 @@ Params = dict[str, Any]
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
+_DENSE_MLP_ENTRIES = [(f"mlp.{n}_proj.weight", ("mlp", f"{n}_proj", "kernel"), "linear") for n in ("gate", "up", "down")]
+
+
 def hf_layer_entries(config: DecoderConfig) -> list[tuple[str, tuple[str, ...], str]]:
-    """(HF suffix, path in ``params['model']['layers']``, kind) for one layer."""
+    """(HF suffix, path in ``params['model']['layers']``, kind) for one layer: the tensors every layer has (an MoE
+    model's feed-forward differs per layer: `hf_mlp_entries`)."""
     entries = [
         ("input_layernorm.weight", ("input_layernorm", "scale"), "vec"),
         ("post_attention_layernorm.weight", ("post_attention_layernorm", "scale"), "vec"),
@@ -32,10 +36,9 @@ def hf_layer_entries(config: DecoderConfig) -> list[tuple[str, tuple[str, ...], 
         ("self_attn.k_proj.weight", ("self_attn", "k_proj", "kernel"), "in_proj"),
         ("self_attn.v_proj.weight", ("self_attn", "v_proj", "kernel"), "in_proj"),
         ("self_attn.o_proj.weight", ("self_attn", "o_proj", "kernel"), "out_proj"),
-        ("mlp.gate_proj.weight", ("mlp", "gate_proj", "kernel"), "linear"),
-        ("mlp.up_proj.weight", ("mlp", "up_proj", "kernel"), "linear"),
-        ("mlp.down_proj.weight", ("mlp", "down_proj", "kernel"), "linear"),
     ]
+    if not config.is_moe:
+        entries += _DENSE_MLP_ENTRIES
     if config.qkv_bias:
         entries += [(f"self_attn.{n}_proj.bias", ("self_attn", f"{n}_proj", "bias"), "head_bias") for n in "qkv"]
     if config.o_bias:
@@ -46,6 +49,36 @@ def hf_layer_entries(config: DecoderConfig) -> list[tuple[str, tuple[str, ...], 
         entries += [(f"{n}.weight", (n, "scale"), "vec")
                     for n in ("pre_feedforward_layernorm", "post_feedforward_layernorm")]
     return entries
+
+
+def hf_mlp_entries(config: DecoderConfig, layer: int) -> list[tuple[str, tuple[str, ...], str, int | None]]:
+    """An MoE model's (HF suffix, path in ``params['model']['layers']``, kind, expert) of layer ``layer``'s
+    feed-forward (``expert``: the index into the path's ``expert`` axis, ``None`` for a whole per-layer leaf):
+    the dense ``mlp.{gate,up,down}_proj`` of a dense layer; ``mlp.gate`` (the router) and
+    ``mlp.experts.{e}.{gate,up,down}_proj`` of a sparse one. Empty for a dense model (`hf_layer_entries` has its
+    MLP)."""
+    if not config.is_moe:
+        return []
+    if not config.moe_layers[layer]:
+        return [(*entry, None) for entry in _DENSE_MLP_ENTRIES]
+    entries = [("mlp.gate.weight", ("moe", "router", "kernel"), "linear", None)]
+    for e in range(config.num_experts):
+        entries += [(f"mlp.experts.{e}.{n}_proj.weight", ("moe", f"{n}_proj", "kernel"), "linear", e)
+                    for n in ("gate", "up", "down")]
+    return entries
+
+
+def _moe_leaf_shapes(config: DecoderConfig) -> dict[tuple[str, ...], tuple[int, ...]]:
+    """The stacked ``[layers, ...]`` shapes of an MoE model's feed-forward leaves."""
+    c = config
+    e, x, mi, layers = c.hidden_size, c.num_experts, c.moe_intermediate_size, c.num_hidden_layers
+    shapes = {("moe", "router", "kernel"): (layers, e, x), ("moe", "gate_proj", "kernel"): (layers, x, e, mi),
+              ("moe", "up_proj", "kernel"): (layers, x, e, mi), ("moe", "down_proj", "kernel"): (layers, x, mi, e)}
+    if not all(c.moe_layers):  # every layer holds the dense MLP too
+        m = c.intermediate_size
+        shapes.update({("mlp", "gate_proj", "kernel"): (layers, e, m), ("mlp", "up_proj", "kernel"): (layers, e, m),
+                       ("mlp", "down_proj", "kernel"): (layers, m, e)})
+    return shapes
 
 
 def _get(tree: Mapping[str, Any], path: tuple[str, ...]) -> Any:
@@ -110,9 +143,13 @@ def iter_hf_tensor_views(params: Params, config: DecoderConfig,
     yield "model.embed_tokens.weight", to_array(model["embed_tokens"]["embedding"])
     entries = hf_layer_entries(config)
     stacked = [to_array(_get(model["layers"], path)) for _, path, _ in entries]
+    moe = {path: to_array(_get(model["layers"], path)) for path in _moe_leaf_shapes(config)} if config.is_moe else {}
     for i in range(config.num_hidden_layers):
         for (suffix, _, kind), leaf in zip(entries, stacked):
             yield f"model.layers.{i}.{suffix}", to_hf_view(kind, leaf[i])
+        for suffix, path, kind, expert in hf_mlp_entries(config, i):
+            leaf = moe[path][i]
+            yield f"model.layers.{i}.{suffix}", to_hf_view(kind, leaf if expert is None else leaf[expert])
     yield "model.norm.weight", to_array(model["norm"]["scale"])
     if not config.tie_word_embeddings:
         yield "lm_head.weight", to_array(params["lm_head"]["kernel"]).T
@@ -154,6 +191,17 @@ def hf_state_dict_to_params(state: Mapping[str, np.ndarray], config: DecoderConf
             w = take(f"{prefix}model.layers.{i}.{suffix}", shapes[suffix])
             per_layer.append(_from_hf(kind, w, shapes[suffix]))
         _set(params, ("model", "layers", *path), np.stack(per_layer))
+    if config.is_moe:  # per layer, the leaves it has; the rest (a sparse layer's dense MLP, ...) stay zero
+        stacked = {path: None for path in _moe_leaf_shapes(config)}
+        for i in range(config.num_hidden_layers):
+            for suffix, path, kind, expert in hf_mlp_entries(config, i):
+                shape = _moe_leaf_shapes(config)[path][2 if expert is not None else 1:]
+                w = _from_hf(kind, take(f"{prefix}model.layers.{i}.{suffix}", shape), shape)
+                if stacked[path] is None:
+                    stacked[path] = np.zeros(_moe_leaf_shapes(config)[path], w.dtype)
+                stacked[path][(i,) if expert is None else (i, expert)] = w
+        for path, value in stacked.items():
+            _set(params, ("model", "layers", *path), value)
     if config.tie_word_embeddings:
         remaining.pop(f"{prefix}lm_head.weight", None)
     else:

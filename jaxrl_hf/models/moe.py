@@ -1,0 +1,118 @@
+"""Sparse mixture-of-experts block (Qwen3-MoE): top-k softmax routing and dropless grouped-matmul experts.
+
+For the ``N`` tokens ``x_n`` of a layer, with router ``W_r [embed, experts]`` and ``k = num_experts_per_tok``
+(transformers' ``Qwen3MoeSparseMoeBlock``)::
+
+    z_n = x_n W_r                                   router logits  [N, experts]
+    p_n = softmax(z_n)                              in float32
+    (w_n, e_n) = top_k(p_n, k)                      the k largest probabilities and their experts
+    w_n <- w_n / sum(w_n)                           only with norm_topk_prob
+    y_n = sum_j w_nj · down_e(silu(gate_e(x_n)) * up_e(x_n)),  e = e_nj
+
+Dropless: every (token, choice) pair is computed, none dropped for capacity. The ``N·k`` pairs are sorted by
+expert, so each expert's rows are contiguous, and each projection is one grouped matmul over the experts
+(``jax.lax.ragged_dot``: rows ``[offset_e, offset_e + count_e)`` times expert ``e``'s matrix; XLA compiles it on
+CPU and GPU); the results are unsorted and summed over the ``k`` choices. `moe_block` returns the router logits
+and the chosen experts and weights as well (`Routing`), for routing replay and a load-balancing loss.
+
+Parameter tree of `MoEBlock` (logical axes; stacked over ``layers`` by the decoder's scan)::
+
+  router/kernel     [embed, expert]
+  gate_proj/kernel  [expert, embed, mlp];  up_proj/kernel [expert, embed, mlp]
+  down_proj/kernel  [expert, mlp, embed]
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from jaxrl_hf.models.config import DecoderConfig
+
+Array = jnp.ndarray
+
+
+class Routing(NamedTuple):
+    """One MoE layer's routing of its ``N`` tokens (flattened ``[B, T]``)."""
+
+    logits: Array  # [N, experts] float32: the router's logits
+    experts: Array  # [N, k] int32: the chosen experts, most probable first
+    weights: Array  # [N, k]: their weights (renormalised with norm_topk_prob), in the compute dtype
+
+
+def route(x: Array, router: Array, top_k: int, norm_topk_prob: bool) -> Routing:
+    """Top-``k`` softmax routing of ``x [N, embed]`` by ``router [embed, experts]`` (module docstring)."""
+    logits = jnp.dot(x, router.astype(x.dtype), preferred_element_type=jnp.float32)
+    probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+    weights, experts = jax.lax.top_k(probs, top_k)
+    if norm_topk_prob:
+        weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
+    return Routing(logits, experts.astype(jnp.int32), weights.astype(x.dtype))
+
+
+def grouped_experts(x: Array, experts: Array, weights: Array, gate: Array, up: Array, down: Array) -> Array:
+    """``sum_j weights[n, j] · expert_{experts[n, j]}(x[n])`` for ``x [N, embed]``, each expert SwiGLU
+    ``down(silu(x gate) * (x up))`` with ``gate``/``up`` ``[E, embed, mlp]`` and ``down`` ``[E, mlp, embed]``:
+    the ``N·k`` (token, choice) rows sorted by expert, three `jax.lax.ragged_dot` products, unsorted."""
+    n, k = experts.shape
+    num_experts = gate.shape[0]
+    flat = experts.reshape(-1)
+    order = jnp.argsort(flat, stable=True)  # rows grouped by expert, in token order within an expert
+    rows = jnp.take(x, order // k, axis=0)  # [N·k, embed]
+    sizes = jnp.bincount(flat, length=num_experts).astype(jnp.int32)
+    dt, f32 = x.dtype, jnp.float32
+
+    def grouped(lhs: Array, rhs: Array) -> Array:
+        return jax.lax.ragged_dot(lhs, rhs.astype(dt), sizes, preferred_element_type=f32).astype(dt)
+
+    hidden = nn.silu(grouped(rows, gate)) * grouped(rows, up)
+    out = grouped(hidden, down) * jnp.take(weights.reshape(-1), order)[:, None].astype(dt)
+    unsorted = jnp.zeros_like(out).at[order].set(out, unique_indices=True)  # back to (token, choice) order
+    return jnp.sum(unsorted.reshape(n, k, -1).astype(f32), axis=1).astype(dt)
+
+
+def moe_block(x: Array, router: Array, gate: Array, up: Array, down: Array, top_k: int,
+              norm_topk_prob: bool) -> tuple[Array, Routing]:
+    """``(y, routing)`` of the MoE block over ``x [..., embed]`` (``y`` shaped as ``x``)."""
+    flat = x.reshape(-1, x.shape[-1])
+    routing = route(flat, router, top_k, norm_topk_prob)
+    y = grouped_experts(flat, routing.experts, routing.weights, gate, up, down)
+    return y.reshape(x.shape), routing
+
+
+class MoEBlock(nn.Module):
+    """The flax module of `moe_block` (parameters in the module docstring); ``__call__`` returns ``(y, routing)``."""
+
+    config: DecoderConfig
+
+    @nn.compact
+    def __call__(self, x: Array) -> tuple[Array, Routing]:
+        from jaxrl_hf.models.llama import from_bits  # the decoder imports this module
+
+        c = self.config
+        dt, pdt = jnp.dtype(c.dtype), jnp.dtype(c.param_dtype)
+        e, m, n = c.hidden_size, c.moe_intermediate_size, c.num_experts
+        router = _Kernel((e, n), ("embed", "expert"), e, pdt, name="router")()
+        gate = _Kernel((n, e, m), ("expert", "embed", "mlp"), e, pdt, name="gate_proj")()
+        up = _Kernel((n, e, m), ("expert", "embed", "mlp"), e, pdt, name="up_proj")()
+        down = _Kernel((n, m, e), ("expert", "mlp", "embed"), m, pdt, name="down_proj")()
+        to = lambda w: from_bits(w, dt)  # noqa: E731  (uint16 bit patterns of decode weights)
+        return moe_block(x.astype(dt), to(router), to(gate), to(up), to(down), c.num_experts_per_tok,
+                         c.norm_topk_prob)
+
+
+class _Kernel(nn.Module):
+    """One ``kernel`` parameter of ``shape`` with logical ``axes`` (normal(0, fan_in^-1/2) init)."""
+
+    shape: tuple[int, ...]
+    axes: tuple[str, ...]
+    fan_in: int
+    param_dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self) -> Array:
+        init = nn.with_logical_partitioning(nn.initializers.normal(stddev=self.fan_in ** -0.5), self.axes)
+        return self.param("kernel", init, self.shape, self.param_dtype)
