@@ -37,6 +37,9 @@ PER_LAYER_WINDOWS_IGNORED = ("qwen2", "qwen3")
 
 def vllm_support_problem(config: DecoderConfig) -> str | None:
     """Why vLLM would not compute ``config``'s model as this decoder does (None: it does; module table)."""
+    if getattr(config, "num_experts", 0):
+        return (f"model_type {config.model_type!r} (mixture of experts, {config.num_experts} experts): the weight "
+                "sync into vLLM's fused expert layout is not built yet; use rollout.name=jax")
     if config.model_type in HEAD_DIM_FROM_HIDDEN and config.head_dim * config.num_attention_heads != config.hidden_size:
         return (f"model_type {config.model_type!r} with head_dim={config.head_dim} != hidden_size / "
                 f"num_attention_heads = {config.hidden_size}/{config.num_attention_heads}: vLLM's "
