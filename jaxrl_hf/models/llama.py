@@ -60,6 +60,7 @@ from jaxrl_hf.models.attention import cached_attention, self_attention, soft_cap
 from jaxrl_hf.models.config import DecoderConfig
 from jaxrl_hf.models.matmul import matmul_f32_accumulate
 from jaxrl_hf.models.moe import MoEBlock, Routing
+from jaxrl_hf.models.stored_dtype import from_bits, to_stored
 from jaxrl_hf.models.packed_attention import per_row_attention
 from jaxrl_hf.models.panel_matmul import panel_matmul
 from jaxrl_hf.models.rope import apply_rope, rope_frequencies
@@ -123,19 +124,6 @@ class RMSNorm(nn.Module):
 def make_norm(config: DecoderConfig, name: str | None = None, axis_name: str = "embed") -> RMSNorm:
     """The family's RMSNorm (``1 + w`` for Gemma 2)."""
     return RMSNorm(config.rms_norm_eps, _dtype(config.param_dtype), axis_name, config.is_gemma, name=name)
-
-
-def from_bits(w: Array, dtype: Any) -> Array:
-    """``w`` as the 16-bit float ``dtype`` when it arrives as its bit patterns (``uint16``: XLA:CPU's decode
-    weights and KV cache, `jaxrl_hf.models.forward.decode_weights`, `init_kv_cache`), else ``w`` unchanged."""
-    return jax.lax.bitcast_convert_type(w, dtype) if w.dtype == jnp.uint16 else w
-
-
-def to_stored(x: Array, stored: Any) -> Array:
-    """``x`` in a cache's storage dtype: its bit patterns for ``uint16`` (``x`` 16-bit float), else a cast."""
-    if jnp.dtype(stored) == jnp.uint16 and x.dtype != jnp.uint16:
-        return jax.lax.bitcast_convert_type(x, jnp.uint16)
-    return x.astype(stored)
 
 
 class _Proj(nn.Module):

@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxrl_hf.models.config import DecoderConfig
+from jaxrl_hf.models.stored_dtype import from_bits
 
 Array = jnp.ndarray
 
@@ -90,8 +91,6 @@ class MoEBlock(nn.Module):
 
     @nn.compact
     def __call__(self, x: Array) -> tuple[Array, Routing]:
-        from jaxrl_hf.models.llama import from_bits  # the decoder imports this module
-
         c = self.config
         dt, pdt = jnp.dtype(c.dtype), jnp.dtype(c.param_dtype)
         e, m, n = c.hidden_size, c.moe_intermediate_size, c.num_experts
