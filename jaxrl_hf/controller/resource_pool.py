@@ -31,7 +31,7 @@ PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 
 def ensure_ray() -> None:
     """Connect to Ray if not connected: ``RAY_ADDRESS`` (an existing cluster) or a new local one. Never another run's
-    cluster found on this machine (Ray's default without an address): that run's end would kill this one's actors."""
+    cluster found on the same host (Ray's default without an address): that run's end would kill this one's actors."""
     if ray.is_initialized():
         return
     if os.environ.get("RAY_ADDRESS"):

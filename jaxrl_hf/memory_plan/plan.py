@@ -309,8 +309,6 @@ def _vllm_plan(model: str, config: RunConfig, keys: PlanKeys, decoder: Any, layo
     held = {"update_actor": resident.during("update_actor"), "log_prob": resident.during("log_prob"),
             "weight_sync": params + resident.during("weight_sync")}
     programs = {p.name: _program_report(p, held[p.name], None) for p in (update, log_prob, sync)}
-    for p, program in (("update_actor", update), ("log_prob", log_prob)):
-        programs[p]["cost_model"] = None
     share = config.rollout.gpu_memory_utilization or DEFAULT_VLLM_GPU_SHARE
     vllm = V.vllm_memory(layout, tp, share, device_memory)
     time_shared = config.placement.memory.allocator == "platform"

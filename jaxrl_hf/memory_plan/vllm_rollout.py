@@ -38,6 +38,7 @@ from jax.sharding import Mesh
 from jaxrl_hf.memory_plan.programs import ActorLayout, CompiledProgram, _compile
 from jaxrl_hf.memory_plan.report import memory_stats
 from jaxrl_hf.models import param_logical_axes
+from jaxrl_hf.rollout.vllm_engine import VllmOptions
 from jaxrl_hf.rollout.vllm_tp import check_tp_divides, pad_rows, padded_vocab, take_layer, tp_shard_shapes, tp_sharding
 
 GIB = 2 ** 30
@@ -128,7 +129,7 @@ def vllm_memory(layout: ActorLayout, tp: int, share: float, device_memory: int) 
     share_bytes = int(share * device_memory)
     return VllmMemory(tp, len(layout.devices) // tp, share_bytes, weights, activation,
                       share_bytes - weights - activation, per_token, sum(layout.seq_lengths),
-                      int(rollout.sleep_level or 1))
+                      int(rollout.sleep_level or VllmOptions.sleep_level))
 
 
 def phases(programs: dict[str, dict[str, Any]], vllm: VllmMemory, kept_bytes: int, device_memory: int,
