@@ -135,3 +135,23 @@ def log_probs_and_update(worker, batch):
     metrics = worker.update_actor(batch).meta_info["metrics"]
     delta = np.concatenate([(np.asarray(x) - b).ravel() for x, b in zip(jax.tree.leaves(worker.state.params), before)])
     return logp, metrics, delta
+
+
+def write_tiny_hf_dir(path, config: DecoderConfig, seed: int):
+    """A tiny HF model directory: ``config``'s random params (`random_params`) and a real word-level tokenizer
+    (``t<i>`` for id ``i``; bos t1, eos t2, pad t0), loadable by our loader and by transformers; returns ``path``
+    as a string."""
+    import json
+    import os
+
+    from tokenizers import Tokenizer, models
+
+    from jaxrl_hf.models import save_hf_dir
+
+    save_hf_dir(path, random_params(config, seed=seed), config)
+    Tokenizer(models.WordLevel({f"t{i}": i for i in range(config.vocab_size)}, unk_token="t0")).save(
+        os.path.join(path, "tokenizer.json"))
+    with open(os.path.join(path, "tokenizer_config.json"), "w") as fh:
+        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "t1", "eos_token": "t2",
+                   "pad_token": "t0"}, fh)
+    return str(path)

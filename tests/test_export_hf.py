@@ -18,9 +18,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from _models_helpers import jit_forward, random_params, tiny_config, tiny_worker_config
+from _models_helpers import jit_forward, random_params, tiny_config, tiny_worker_config, write_tiny_hf_dir
 from jaxrl_hf.controller.worker import WorkerContext
-from jaxrl_hf.models import save_hf_dir
 from jaxrl_hf.models.hf_export import parse_shard_size, plan_shards
 from jaxrl_hf.models.weights_hf import params_to_hf_state_dict
 from jaxrl_hf.trainer.checkpointing import CheckpointManager
@@ -41,14 +40,7 @@ def host(tree):
 
 def _source_model_dir(path):
     """A tiny HF model directory with a real (word-level) tokenizer and a generation config of its own."""
-    from tokenizers import Tokenizer, models
-
-    save_hf_dir(path, random_params(MODEL, seed=4), MODEL)
-    Tokenizer(models.WordLevel({f"t{i}": i for i in range(MODEL.vocab_size)}, unk_token="t0")).save(
-        os.path.join(path, "tokenizer.json"))
-    with open(os.path.join(path, "tokenizer_config.json"), "w") as fh:
-        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "t1", "eos_token": "t2",
-                   "pad_token": "t0"}, fh)
+    write_tiny_hf_dir(path, MODEL, seed=4)
     with open(os.path.join(path, "generation_config.json"), "w") as fh:
         json.dump({"temperature": 0.7, "eos_token_id": EOS}, fh)
     return str(path)

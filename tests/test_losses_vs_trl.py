@@ -12,17 +12,13 @@ change of the one AdamW step must agree to float32 accuracy.
 
 from __future__ import annotations
 
-import json
-import os
-
 import jax
 import numpy as np
 import pytest
 
-from _models_helpers import DP4_TP2_PLACEMENT, local_actor, random_params, random_prompts, tiny_config, \
-    tiny_worker_config
+from _models_helpers import DP4_TP2_PLACEMENT, local_actor, random_prompts, tiny_config, tiny_worker_config, \
+    write_tiny_hf_dir
 from jaxrl_hf.controller import Batch
-from jaxrl_hf.models import save_hf_dir
 from jaxrl_hf.models.weights_hf import params_to_hf_state_dict
 
 pytestmark = pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 devices: set "
@@ -39,16 +35,7 @@ LOSS_TYPE_OF_AGG = {"token-mean": "dapo", "seq-mean-token-mean": "grpo"}
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     """A tiny HF model directory (random weights, a word-level tokenizer) both trainers load."""
-    from tokenizers import Tokenizer, models
-
-    path = tmp_path_factory.mktemp("losses_vs_trl") / "model"
-    save_hf_dir(path, random_params(MODEL, seed=3), MODEL)
-    Tokenizer(models.WordLevel({f"t{i}": i for i in range(MODEL.vocab_size)}, unk_token="t0")).save(
-        os.path.join(path, "tokenizer.json"))
-    with open(os.path.join(path, "tokenizer_config.json"), "w") as fh:
-        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "t1", "eos_token": "t2",
-                   "pad_token": "t0"}, fh)
-    return str(path)
+    return write_tiny_hf_dir(tmp_path_factory.mktemp("losses_vs_trl") / "model", MODEL, seed=3)
 
 
 @pytest.fixture(scope="module")
