@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import io
 import os
 import subprocess
 import sys
 
 import pytest
 
-from jaxrl_hf.config import ALGOS, ConfigError, config_from_dict, load_config, valid_keys
+from jaxrl_hf.config import ALGOS, ConfigError, config_from_dict, load_config, load_config_with_report, valid_keys
+from jaxrl_hf.config.dry_run import dry_run
 from jaxrl_hf.config.schema import ActorConfig, RunConfig
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -33,6 +35,31 @@ def test_algorithm_yaml_values_reach_the_config():
     ppo = load_config("ppo")
     assert ppo.critic.enable and ppo.algorithm.adv_estimator == "gae" and ppo.algorithm.use_kl_in_reward
     assert load_config("gspo").actor.policy_loss.loss_mode == "gspo"
+
+
+def test_dapo_is_verl_recipe_and_the_laptop_layer_sizes_only_the_laptop_models():
+    """configs/dapo.yaml holds verl's DAPO recipe; configs/laptop/dapo.yaml resizes it for the default model and
+    the smoke model only; the dry run names the file each value came from."""
+    cluster = load_config_with_report("dapo", overrides=["model.path=Qwen/Qwen2.5-32B"], check_paths=False)[0]
+    assert (cluster.data.train_batch_size, cluster.data.gen_batch_size, cluster.rollout.n) == (512, 1536, 16)
+    assert (cluster.data.max_response_length, cluster.reward_model.overlong_buffer.len) == (20480, 4096)
+    assert cluster.actor.optim.lr == pytest.approx(1e-6) and cluster.actor.optim.weight_decay == pytest.approx(0.1)
+    assert cluster.actor.ppo_mini_batch_size == 32 and cluster.actor.use_dynamic_bsz and cluster.model.scan_layers
+    laptop = load_config("dapo")
+    assert (laptop.data.train_batch_size, laptop.rollout.n, laptop.data.max_response_length) == (4, 4, 32)
+    assert laptop.reward_model.overlong_buffer.len == 8 and not laptop.model.scan_layers
+    assert not laptop.actor.use_dynamic_bsz and laptop.actor.clip_ratio_high == 0.28  # the recipe's own choices
+    forced = load_config_with_report("dapo", overrides=["model.path=Qwen/Qwen2.5-32B"], check_paths=False,
+                                     laptop=True)[0]
+    assert forced.data.train_batch_size == 4 and load_config("dapo", laptop=False).data.train_batch_size == 512
+    out = io.StringIO()
+    assert dry_run("dapo", overrides=["rollout.n=8"], out=out) == 0
+    text = out.getvalue()
+    assert "#   data.train_batch_size: configs/dapo.yaml <- configs/laptop/dapo.yaml" in text
+    assert "#   rollout.n: configs/dapo.yaml <- configs/laptop/dapo.yaml <- override 'rollout.n=8'" in text
+    out = io.StringIO()
+    assert dry_run("dapo", overrides=["model.path=Qwen/Qwen2.5-32B"], out=out) == 0
+    assert "#   data.train_batch_size: configs/dapo.yaml\n" in out.getvalue() and "laptop" not in out.getvalue()
 
 
 def test_overrides_are_coerced_to_field_types():

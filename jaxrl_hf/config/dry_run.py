@@ -25,7 +25,7 @@ from jaxrl_hf.errors import ExitCode
 
 def report_lines(config: RunConfig, report: KeyReport) -> list[str]:
     """The dry run's report, one ``# ...`` line each: the run length, renamed keys, keys with no effect, missing
-    paths."""
+    paths, where the values came from."""
     lines = [f"# dry run: the config is valid (--algo {config.algo}); nothing was loaded or started",
              f"# run length: {run_length_note(config)}"]
     if report.renamed:
@@ -34,12 +34,22 @@ def report_lines(config: RunConfig, report: KeyReport) -> list[str]:
     if report.ignored:
         lines.append(f"# {len(report.ignored)} key(s) accepted with no effect here (a run logs a warning for each):")
         lines += [f"#   {key}: {reason}" for key, reason in report.ignored]
+    lines += source_lines(report)
     missing = path_problems(config)
     if missing:
         lines.append(f"# {len(missing)} path(s) not found on this host (not checked in a dry run; a run needs "
                      "them):")
         lines += [f"#   {key}={value}: {rule}" for key, value, rule in missing]
     return lines
+
+
+def source_lines(report: KeyReport) -> list[str]:
+    """``# key: source`` for every key a file or an override set (the rest are the schema's defaults); a key set
+    more than once lists its sources in order, the last one's value standing."""
+    if not report.sources:
+        return []
+    lines = ["# where the values came from (keys not listed: the schema's defaults, jaxrl_hf/config/schema*.py):"]
+    return lines + [f"#   {key}: {' <- '.join(sources)}" for key, sources in report.sources.items()]
 
 
 def dry_run(algo: str, preset: str | Sequence[str] | None = None, overrides: Iterable[str] = (),

@@ -1,4 +1,10 @@
-"""Load a run config: embedded defaults <- ``configs/<algo>.yaml`` <- presets <- ``a.b=c`` overrides.
+"""Load a run config: embedded defaults <- ``configs/<algo>.yaml`` [<- ``configs/laptop/<algo>.yaml``] <- presets
+<- ``a.b=c`` overrides.
+
+``configs/<algo>.yaml`` is the algorithm's recipe at its paper / verl sizing. The laptop layer holds the embedded
+default run's sizing (a small model on a CPU); it is read only when the final ``model.path`` is one of
+`LAPTOP_MODELS` (the default model or the tiny random one), so ``--algo dapo model.path=Qwen/Qwen2.5-32B`` gets the
+recipe untouched.
 
 ``load_config("dapo", preset="smoke", overrides=["actor.clip_ratio_high=0.28"])`` returns a validated,
 fully resolved ``RunConfig``; the modules in its ``imports`` are imported first (they may register names the
@@ -25,6 +31,10 @@ from jaxrl_hf.config.schema_paths import check_path, is_schema_key, is_schema_se
 from jaxrl_hf.config.validate import validate_config
 from jaxrl_hf.config.verl_keys import KEY_ALIASES, KeyReport, canonical_key, classify_key  # noqa: F401
 from jaxrl_hf.user_modules import UserModuleError, import_user_modules
+
+LAPTOP_MODELS = ("smollm2-135m-instruct", "tiny-random")
+"""``model.path`` values that read ``configs/laptop/<algo>.yaml`` (the embedded default model and the smoke one)."""
+
 
 def config_dir() -> Path:
     """``$JAXRL_HF_CONFIG_DIR``, else the installed package's ``jaxrl_hf/configs`` (a wheel ships the
@@ -161,25 +171,30 @@ def preset_path(name: str) -> Path:
 
 def load_config_with_report(algo: str, preset: str | Sequence[str] | None = None, overrides: Iterable[str] = (),
                             imports: Iterable[str] = (), check_paths: bool = True,
-                            check_model: bool = True) -> tuple[RunConfig, KeyReport]:
+                            check_model: bool = True, laptop: bool | None = None) -> tuple[RunConfig, KeyReport]:
     """`load_config` and the `KeyReport` of its keys (verl keys renamed, accepted with no effect and why).
 
     Every key of every layer is checked before anything is raised: the ``ConfigError`` lists all unknown and
     unsupported keys at once. ``check_paths=False`` (``--dry-run``) skips the checks that files and directories
-    exist (`jaxrl_hf.config.validate_paths`); ``check_model=False`` those against ``model.path``'s shape."""
+    exist (`jaxrl_hf.config.validate_paths`); ``check_model=False`` those against ``model.path``'s shape.
+    ``laptop``: read ``configs/laptop/<algo>.yaml`` (True), not (False), or when the final ``model.path`` is one
+    of `LAPTOP_MODELS` (None)."""
     if algo not in ALGOS:
         raise ConfigError(f"unknown algorithm {algo!r}; valid: {list(ALGOS)}")
     data = RunConfig(algo=algo).to_dict()
     algo_file = config_dir() / f"{algo}.yaml"
     if not algo_file.is_file():
         raise ConfigError(f"missing algorithm config {algo_file}")
-    report = KeyReport()
-    merge_layer(data, read_yaml(algo_file), str(algo_file), report)
     presets = [p for p in (preset.split(",") if isinstance(preset, str) else (preset or [])) if p]
-    for name in presets:
-        path = preset_path(name.strip())
-        merge_layer(data, read_yaml(path), str(path), report)
-    apply_overrides(data, list(overrides), report)
+    layers = [(source_name(algo_file), read_yaml(algo_file))]
+    layers += [(source_name(path), read_yaml(path)) for path in (preset_path(name.strip()) for name in presets)]
+    data, report = _merge_layers(data, layers, list(overrides))
+    laptop_file = config_dir() / "laptop" / f"{algo}.yaml"
+    if laptop is None:
+        laptop = (data.get("model") or {}).get("path") in LAPTOP_MODELS
+    if laptop and not report.errors and laptop_file.is_file():
+        layers.insert(1, (source_name(laptop_file), read_yaml(laptop_file)))
+        data, report = _merge_layers(RunConfig(algo=algo).to_dict(), layers, list(overrides))
     report.raise_errors()
     inherit_critic_model(data)
     if data.get("algo") != algo:
@@ -195,14 +210,33 @@ def load_config_with_report(algo: str, preset: str | Sequence[str] | None = None
     return config, report
 
 
+def source_name(path: Path) -> str:
+    """How a report names a config file: ``configs/...`` for the shipped ones, else the path as given."""
+    try:
+        return str(Path("configs") / path.resolve().relative_to(config_dir().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def _merge_layers(base: dict[str, Any], layers: list[tuple[str, dict[str, Any]]],
+                  overrides: list[str]) -> tuple[dict[str, Any], KeyReport]:
+    """``base`` with the YAML ``layers`` ((source, mapping), in order) and then the overrides merged in, and the
+    report of every key."""
+    report = KeyReport()
+    for source, layer in layers:
+        merge_layer(base, layer, source, report)
+    apply_overrides(base, overrides, report)
+    return base, report
+
+
 def load_config(algo: str, preset: str | Sequence[str] | None = None, overrides: Iterable[str] = (),
-                imports: Iterable[str] = (), check_model: bool = True) -> RunConfig:
+                imports: Iterable[str] = (), check_model: bool = True, laptop: bool | None = None) -> RunConfig:
     """The validated ``RunConfig`` for ``algo`` with ``preset`` (name, comma list or paths) and overrides.
 
     ``imports`` (``launch/train.py --import``) are added to the config's ``imports``; all of them are imported
     before the config is validated (`import_config_modules`). verl keys accepted with no effect are logged as
     warnings, one each with its reason."""
-    config, report = load_config_with_report(algo, preset, overrides, imports, check_model=check_model)
+    config, report = load_config_with_report(algo, preset, overrides, imports, check_model=check_model, laptop=laptop)
     for key, reason in report.ignored:
         logging.getLogger("jaxrl_hf.config").warning("config key '%s' is accepted but has no effect: %s", key, reason)
     return config

@@ -162,11 +162,13 @@ def key_kind(key: str) -> str:
 @dataclasses.dataclass
 class KeyReport:
     """The verdicts on all keys of one config: ``renamed`` (key as written, schema key), ``ignored`` (key as
-    written, reason) and ``errors`` (one message each, naming its source)."""
+    written, reason), ``errors`` (one message each, naming its source) and ``sources`` (schema key -> every
+    source that set it, in order: the last one's value stands)."""
 
     renamed: list[tuple[str, str]] = dataclasses.field(default_factory=list)
     ignored: list[tuple[str, str]] = dataclasses.field(default_factory=list)
     errors: list[str] = dataclasses.field(default_factory=list)
+    sources: dict[str, list[str]] = dataclasses.field(default_factory=dict)
 
     def record(self, verdict: KeyVerdict, source: str) -> None:
         """Note ``verdict`` (from ``source``: a file or an override) in the lists it belongs to."""
@@ -176,6 +178,8 @@ class KeyReport:
             self.ignored.append((verdict.key, verdict.note))
         elif verdict.target != alias_only(verdict.key):
             self.renamed.append((verdict.key, verdict.target))
+        if verdict.kind == "set":
+            self.sources.setdefault(verdict.target, []).append(source)
 
     def raise_errors(self) -> None:
         """One ``ConfigError`` listing every error (nothing when there is none)."""

@@ -2,8 +2,8 @@
 ``python launch/train.py ...``).
 
 With nothing else, ``--algo dapo`` runs the embedded default: SmolLM2-135M-Instruct on synthetic arithmetic
-prompts with a GSM8K validation subset, sized for a small CPU-only host (configs/dapo.yaml over the defaults in
-jaxrl_hf/config/schema.py). ``--preset smoke`` runs any algorithm for 2 steps on a tiny random model.
+prompts with a GSM8K validation subset, sized for a small CPU-only host (verl's DAPO recipe in configs/dapo.yaml, resized by
+configs/laptop/dapo.yaml, over the defaults in jaxrl_hf/config/schema.py). ``--preset smoke`` runs any algorithm for 2 steps on a tiny random model.
 Overrides use verl's dotted keys, e.g. ``actor.clip_ratio_high=0.28 trainer.total_steps=10``.
 ``--import FILE_OR_MODULE`` (repeatable) imports your own code first, in this process before the config is
 validated and in every worker process: e.g. a file with one ``@register_adv_estimator("my_adv", needs=("index",))``
