@@ -86,9 +86,17 @@ def test_builds_into_a_fresh_cache(tmp_path):
     assert [p.name for p in target.parent.iterdir()] == [target.name]
 
 
-def test_switched_off_by_the_environment(monkeypatch):
-    monkeypatch.setenv("JAXRL_HF_CPU_KERNELS", "0")
-    assert ck.available.__wrapped__() is False
+def test_switched_off_by_the_config_key():
+    """``model.cpu_backend: off``: no fused update, no pair kernel, the native engine on XLA's scanned loop."""
+    from jaxrl_hf.config.schema import OptimConfig
+    from jaxrl_hf.models import pair_matmul
+    from jaxrl_hf.workers.fused_adamw import fused_update_for
+
+    params = {"w": jnp.zeros((4, 4), jnp.float32)}
+    assert fused_update_for(OptimConfig(), 1.0, params, None, cpu_backend="off") is None
+    assert not pair_matmul.wanted("bfloat16", None, "off")
+    if ck.available():
+        assert fused_update_for(OptimConfig(), 1.0, params, None) is not None
 
 
 def _attention_reference(q, kt, v, mask, scale):

@@ -111,8 +111,7 @@ def test_only_bf16_training_on_one_cpu_device_asks_for_it(monkeypatch):
     mesh = jax.sharding.Mesh(np.array(jax.devices()[:2]), ("dp",)) if jax.device_count() > 1 else None
     if mesh is not None:
         assert not pm.wanted("bfloat16", mesh)
-    monkeypatch.setenv("JAXRL_HF_PAIR_KERNELS", "0")
-    assert not pm.wanted("bfloat16")
+    assert not pm.wanted("bfloat16", None, "off")
     assert pm.training_config(_tiny(False)) == _tiny(False)
     with pytest.raises(ValueError, match="pair_kernels needs dtype bfloat16"):
         DecoderConfig(vocab_size=8, hidden_size=48, intermediate_size=48, num_hidden_layers=1, num_attention_heads=1,

@@ -428,3 +428,15 @@ def test_first_argmax_is_argmax_with_ties_infinities_and_nans():
         got = np.asarray(jax.jit(first_argmax)(jnp.asarray(x, dtype)))
         assert got.dtype == np.int32
         np.testing.assert_array_equal(got, np.asarray(jnp.argmax(jnp.asarray(x, dtype), axis=-1)))
+
+
+def test_cpu_backend_off_keeps_the_core_engine_path():
+    """``model.cpu_backend: off`` (`make_rollout_engine`): the scanned layer loop and XLA's ops, where ``auto``
+    unrolls the float32 decode on a CPU."""
+    from jaxrl_hf.rollout import make_rollout_engine
+
+    params = random_params(CONFIG, seed=11)
+    auto = make_rollout_engine("jax", config=CONFIG, params=params, pad_token_id=PAD)
+    off = make_rollout_engine("jax", config=CONFIG, params=params, pad_token_id=PAD, cpu_backend="off")
+    assert auto.unroll_layers == (jax.devices()[0].platform == "cpu")
+    assert not off.unroll_layers and not off.cpu_kernels

@@ -65,6 +65,11 @@ class ModelConfig:
     can run faster (measured per machine: ``bench_layer_loop.py`` (removed; docs/perf_log/2026-11.md)). Generation
     always keeps the loop. Large models keep ``true``."""
     seed: int = 0
+    cpu_backend: Literal["auto", "off"] = "auto"
+    """The optional CPU backend (docs/CPU_BACKEND.md: the C++ kernels, the fused clip + AdamW, the bf16 pair
+    matmul, the unrolled float32 decode): ``auto`` uses each form where its capability probe says it runs (a CPU
+    device with the instructions and a C++ compiler); ``off`` keeps XLA's ops and the scanned layer loop only. No
+    effect on a GPU."""
     use_remove_padding: bool = False
     """Pack each micro-batch's rows into one sequence per device, no padding between them (verl's key; attention
     and positions per row): ``jaxrl_hf.workers.packing``. For the critic: ``critic.model``'s, else this one."""

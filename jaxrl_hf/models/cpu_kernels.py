@@ -17,7 +17,7 @@ The library is compiled on first use with the machine's ``g++`` (``-march=native
 ``$JAXRL_HF_KERNEL_CACHE`` (default ``~/.cache/jaxrl_hf/kernels``), keyed by the sources, the flags, jax's
 version and the CPU's model and flags, written to a temporary file and renamed (concurrent processes never load
 half a file). `available` says whether this process can use it: an x86-64 CPU with AVX-512 (F, BW, VL), a
-compiler, and ``JAXRL_HF_CPU_KERNELS`` not ``0``; otherwise the engine and the train step keep XLA's ops
+compiler; otherwise, and with ``model.cpu_backend: off``, the engine and the train step keep XLA's ops
 (`jax_engine.JaxGenerationEngine`, `workers.fused_adamw.fused_update_for`).
 """
 
@@ -129,8 +129,6 @@ def bf16_pairs() -> bool:
 @functools.cache
 def available() -> bool:
     """Whether the kernels run in this process (built and registered with XLA:CPU on the first call)."""
-    if os.environ.get("JAXRL_HF_CPU_KERNELS", "1") == "0":
-        return False
     if not _cpu_supported():
         return False
     try:

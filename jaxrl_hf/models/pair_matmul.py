@@ -18,7 +18,6 @@ On a CPU with AMX (``amx_bf16``) XLA's bf16 dots run on the matrix units and the
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import jax
@@ -31,21 +30,21 @@ PANEL = 48
 """Columns per packed panel (three AVX-512 vectors of float32 sums)."""
 
 
-def wanted(dtype: str, mesh: Any = None) -> bool:
-    """Whether the training programs of a model in compute ``dtype`` use the kernel: bf16, one CPU device, the
-    kernel available (`cpu_kernels.bf16_pairs`), no AMX (where XLA's dot runs on the matrix units) and
-    ``JAXRL_HF_PAIR_KERNELS`` not ``0``."""
+def wanted(dtype: str, mesh: Any = None, cpu_backend: str = "auto") -> bool:
+    """Whether the training programs of a model in compute ``dtype`` use the kernel: ``model.cpu_backend`` not
+    ``off``, bf16, one CPU device, the kernel available (`cpu_kernels.bf16_pairs`) and no AMX (where XLA's dot
+    runs on the matrix units)."""
     devices = list(mesh.devices.flat) if mesh is not None else jax.devices()[:1]
-    if dtype != "bfloat16" or len(devices) != 1 or devices[0].platform != "cpu":
+    if cpu_backend == "off" or dtype != "bfloat16" or len(devices) != 1 or devices[0].platform != "cpu":
         return False
-    if os.environ.get("JAXRL_HF_PAIR_KERNELS", "1") == "0" or "amx_bf16" in cpu_kernels.cpu_flags():
+    if "amx_bf16" in cpu_kernels.cpu_flags():
         return False
     return cpu_kernels.bf16_pairs()
 
 
-def training_config(config: DecoderConfig, mesh: Any = None) -> DecoderConfig:
+def training_config(config: DecoderConfig, mesh: Any = None, cpu_backend: str = "auto") -> DecoderConfig:
     """``config`` for the training programs (update and log-probs): ``pair_kernels`` set where `wanted`."""
-    return config.replace(pair_kernels=True) if wanted(config.dtype, mesh) else config
+    return config.replace(pair_kernels=True) if wanted(config.dtype, mesh, cpu_backend) else config
 
 
 def pack_pairs(b: jnp.ndarray) -> jnp.ndarray:
@@ -78,7 +77,7 @@ def weight_gradient(x: jnp.ndarray, dy: jnp.ndarray) -> jnp.ndarray:
     columns to a multiple of `PANEL` and dropped again)."""
     if not cpu_kernels.bf16_pairs():  # the kernel's instructions would fault: say why instead
         raise ValueError("DecoderConfig.pair_kernels: the bf16 pair kernel does not run here (it needs an x86-64 "
-                         "CPU with AVX512-BF16, g++, and JAXRL_HF_CPU_KERNELS not 0); set it through "
+                         "CPU with AVX512-BF16, g++, and model.cpu_backend not off); set it through "
                          "pair_matmul.training_config, which checks")
     (m, _), n = x.shape, dy.shape[1]
     dy = jnp.pad(dy.astype(jnp.bfloat16), ((0, m % 2), (0, -n % PANEL)))

@@ -14,7 +14,8 @@ ENGINE_NAMES = ("jax", "vllm")
 def make_rollout_engine(name: str, *, config: DecoderConfig, params: Any, pad_token_id: int,
                         eos_token_ids: Sequence[int] = (), mesh: Any = None, rules: Any = None,
                         model_dir: str | None = None, tokenizer_dir: str | None = None,
-                        options: Mapping[str, Any] | None = None, tp_group: Any = None) -> RolloutEngine:
+                        options: Mapping[str, Any] | None = None, tp_group: Any = None,
+                        cpu_backend: str = "auto") -> RolloutEngine:
     """``'jax'`` -> ``JaxGenerationEngine``; ``'vllm'`` -> ``VllmRolloutEngine`` (both a `RolloutEngine`:
     ``set_params``, ``generate``, ``sleep``, ``engine_name``).
 
@@ -24,15 +25,17 @@ def make_rollout_engine(name: str, *, config: DecoderConfig, params: Any, pad_to
     enable_sleep_mode, sleep_level, sleep_after_generate, dtype, seed); unknown keys raise listing the
     valid ones. The JAX engine takes no options (a non-empty mapping raises). ``tp_group``: vLLM with
     ``tensor_parallel_size > 1``, this process's rank (`jaxrl_hf.rollout.vllm_tp.TensorParallelGroup`). ``model_dir`` /
-    ``tokenizer_dir`` are only used by vLLM (its config.json; tokenizer files copied along).
+    ``tokenizer_dir`` are only used by vLLM (its config.json; tokenizer files copied along). ``cpu_backend``
+    (``model.cpu_backend``): ``off`` runs the native engine with XLA's ops and the scanned layer loop only.
     """
     if name == "jax":
         if tp_group is not None:
             raise ValueError("rollout.name=jax takes no vLLM TP group")
         if options:
             raise ValueError(f"rollout.name=jax takes no vLLM options; got {sorted(options)}")
+        off = {"unroll_layers": False, "cpu_kernels": False} if cpu_backend == "off" else {}
         return JaxGenerationEngine(config, params, pad_token_id=pad_token_id, eos_token_ids=eos_token_ids,
-                                   mesh=mesh, rules=rules)
+                                   mesh=mesh, rules=rules, **off)
     if name == "vllm":
         from jaxrl_hf.rollout.vllm_engine import VllmOptions, VllmRolloutEngine
 

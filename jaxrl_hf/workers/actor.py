@@ -148,7 +148,7 @@ class ActorRolloutRefWorker(Worker):
             self.layout.check_process_rows(self.mesh, self.train, self.gen)
         params = jax.device_put(self.model.params, shardings)
         self.model.params = None  # the placed copy is the only one
-        train_config = pair_matmul.training_config(config, self.mesh)  # the update's and log-probs' forward
+        train_config = pair_matmul.training_config(config, self.mesh, self.config.model.cpu_backend)  # update, log-probs
         self.log_prob_fn = lm_log_prob_fn(train_config, self.mesh, self.rule_set.activations)
         self.packed_log_prob_fn = packed_log_prob_fn(train_config, self.mesh, self.rule_set.activations)
         self.shared_prompt = SharedPromptForward(train_config, self.config.actor.share_prompt_forward,
@@ -168,7 +168,8 @@ class ActorRolloutRefWorker(Worker):
                                       param_shapes=params, param_shardings=shardings, mesh=self.mesh,
                                       live_fn=has_response_tokens if update.dynamic else None,
                                       combine=self.lora.combine if self.lora is not None else None,
-                                      unrolled_layers=0 if config.scan_layers else config.num_hidden_layers)
+                                      unrolled_layers=0 if config.scan_layers else config.num_hidden_layers,
+                                      cpu_backend=self.config.model.cpu_backend)
             program = build(self._forward_fn(update))
             self.loss_cfg, self.optim = program.loss_cfg, program.optim
             self._train_steps = {False: program.step}  # keyed by "the prompts are shared" (jitted lazily)
@@ -224,7 +225,7 @@ class ActorRolloutRefWorker(Worker):
                                          pad_token_id=self.model.pad_token_id, eos_token_ids=self.model.eos_token_ids,
                                          mesh=mesh, rules=rules, model_dir=self.model.path,
                                          tokenizer_dir=self.model.path, options=self._engine_options(),
-                                         tp_group=self._tp_group())
+                                         tp_group=self._tp_group(), cpu_backend=self.config.model.cpu_backend)
         except ValueError as err:
             raise WorkerConfigError(f"rollout.name={self.engine_name!r}: {err}") from err
         if getattr(engine, "multi_process", False):  # native engine over several processes: rows by dp rank

@@ -46,11 +46,11 @@ class ActorUpdate:
 
 def build_actor_update(actor: ActorConfig, temperature: float, log_prob_fn: LogProbFn, param_shapes: Any,
                        param_shardings: Any, mesh: jax.sharding.Mesh, live_fn: Any = None,
-                       combine: Any = None, unrolled_layers: int = 0) -> ActorUpdate:
+                       combine: Any = None, unrolled_layers: int = 0, cpu_backend: str = "auto") -> ActorUpdate:
     """`ActorUpdate` of the ``actor`` section (``temperature``: the rollout's, as the log-probs use it) for params
     shaped ``param_shapes`` laid out as ``param_shardings`` on ``mesh``; ``log_prob_fn``: the padded or packed
     forward of the update pass, ``live_fn``, ``combine``: `make_train_step`'s (token-budget micro-batches; LoRA:
-    ``param_shapes``/``param_shardings`` are then the adapters'); ``unrolled_layers``: `fused_update_for`'s. A bad
+    ``param_shapes``/``param_shardings`` are then the adapters'); ``unrolled_layers``, ``cpu_backend``: `fused_update_for`'s. A bad
     loss key raises `WorkerConfigError` naming it."""
     try:
         loss_cfg = actor_loss_config(actor, temperature)
@@ -63,5 +63,5 @@ def build_actor_update(actor: ActorConfig, temperature: float, log_prob_fn: LogP
                            denominator_fn=response_denominator(loss_cfg.loss_agg_mode),
                            summed_aux=ACTOR_SUMMED_METRICS, state_shardings=state_shardings, live_fn=live_fn,
                            combine=combine, fused=fused_update_for(actor.optim, actor.grad_clip, param_shapes, mesh,
-                                                                 unrolled_layers))
+                                                                 unrolled_layers, cpu_backend))
     return ActorUpdate(loss_cfg, actor.optim, optimizer, state_shardings, step)

@@ -88,7 +88,8 @@ class CriticWorker(Worker):
         optimizer = make_optimizer(self.optim, self.critic_cfg.grad_clip, where="critic.optim")
         state_shardings = train_state_shardings(params, shardings, optimizer, self.mesh)
         self.state = jax.jit(lambda p: init_train_state(p, optimizer), out_shardings=state_shardings)(params)
-        train_config = pair_matmul.training_config(config, self.mesh)
+        cpu_backend = (self.critic_cfg.model or self.config.model).cpu_backend
+        train_config = pair_matmul.training_config(config, self.mesh, cpu_backend)
         self.value_fn = value_head_fn(train_config, self.mesh, self.rule_set.activations)
         self.packed_value_fn = packed_value_fn(train_config, self.mesh, self.rule_set.activations)
         update = self.batching["update"]
@@ -99,7 +100,7 @@ class CriticWorker(Worker):
                                            live_fn=has_response_tokens if update.dynamic else None,
                                            fused=fused_update_for(self.optim, self.critic_cfg.grad_clip, params,
                                                                   self.mesh, 0 if config.scan_layers
-                                                                  else config.num_hidden_layers))
+                                                                  else config.num_hidden_layers, cpu_backend))
         self.global_step = 0
         # the MFU inputs (`mfu_summary`): no LM head, so the input embedding is a lookup whatever the tying
         mfu = mfu_summary(config.replace(tie_word_embeddings=False), params, self.config.trainer.peak_flops_per_device,

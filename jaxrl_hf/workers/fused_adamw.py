@@ -11,14 +11,13 @@ float32 rounding: both stay within 1.5 float32 roundings of the terms they sum o
 
 `FusedClipAdamW` is what `train_step.apply_update` runs in place of ``optimizer.update`` + ``apply_updates`` where
 `fused_update_for` says it can: every parameter float32, the train state on one CPU device, the CPU kernels
-available (`models.cpu_kernels.available`; ``JAXRL_HF_CPU_KERNELS=0`` turns them off). The optimizer state keeps
+available (`models.cpu_kernels.available`; ``model.cpu_backend: off`` turns them off). The optimizer state keeps
 optax's structure, counts and injected learning rate, so checkpoints and `optim.set_learning_rate` see no difference.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Any
 
 import jax
@@ -31,7 +30,6 @@ from jaxrl_hf.models import cpu_kernels
 from jaxrl_hf.models.layer_unrolled import split_layers, stack_layers
 
 TARGET = "jaxrl_hf_clip_adamw"
-PER_LAYER_ENV = "JAXRL_HF_PER_LAYER_GRADS"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,12 +132,15 @@ def clip_adamw(grads: list, params: list, mu: list, nu: list, hyper: jax.Array) 
 
 
 def fused_update_for(optim: OptimConfig, grad_clip: float | None, params: Any,
-                     mesh: jax.sharding.Mesh | None, unrolled_layers: int = 0) -> FusedClipAdamW | None:
-    """The fused update where it applies (float32 ``params`` — arrays or shapes —, a one-device CPU ``mesh`` or
-    none, the kernels available), else ``None`` (the train step keeps optax's update). ``unrolled_layers``: the
-    model's layer count where its forward unrolls the stacked layers (``model.scan_layers: false``); the update then
-    takes per-layer gradients (`FusedClipAdamW.layers`) where ``params`` hold those stacked layers, unless
-    ``JAXRL_HF_PER_LAYER_GRADS=0`` (``bench_update_grads.py`` (removed; docs/perf_log/2026-11.md) compares the two)."""
+                     mesh: jax.sharding.Mesh | None, unrolled_layers: int = 0,
+                     cpu_backend: str = "auto") -> FusedClipAdamW | None:
+    """The fused update where it applies (``model.cpu_backend`` not ``off``, float32 ``params`` — arrays or
+    shapes —, a one-device CPU ``mesh`` or none, the kernels available), else ``None`` (the train step keeps
+    optax's update). ``unrolled_layers``: the model's layer count where its forward unrolls the stacked layers
+    (``model.scan_layers: false``); the update then takes per-layer gradients (`FusedClipAdamW.layers`) where
+    ``params`` hold those stacked layers."""
+    if cpu_backend == "off":
+        return None
     devices = mesh.devices.flat if mesh is not None else jax.devices()[:1]
     if (mesh is not None and mesh.size != 1) or any(d.platform != "cpu" for d in devices):
         return None
@@ -147,8 +148,7 @@ def fused_update_for(optim: OptimConfig, grad_clip: float | None, params: Any,
         return None
     if not cpu_kernels.available():
         return None
-    per_layer = os.environ.get(PER_LAYER_ENV, "1") != "0" and stacks_layers(params, unrolled_layers)
-    return FusedClipAdamW(optim, grad_clip, unrolled_layers if per_layer else 0)
+    return FusedClipAdamW(optim, grad_clip, unrolled_layers if stacks_layers(params, unrolled_layers) else 0)
 
 
 def stacks_layers(params: Any, layers: int) -> bool:

@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not cpu_kernels.available():
         raise SystemExit("bench_cpu_kernels: the kernels are unavailable here (x86-64 with AVX-512 and "
-                         "g++ needed; JAXRL_HF_CPU_KERNELS=0 switches it off)")
+                         "g++ needed)")
     xla, panel = chain(jnp.dot), chain(pm.panel_matmul)
     rng = np.random.default_rng(0)
     print(f"{jax.devices()[0].device_kind}, {os.cpu_count()} CPUs, jax {jax.__version__}; {args.layers} weights "
