@@ -34,6 +34,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from jaxrl_hf.data.gsm8k import default_gsm8k_dir  # noqa: E402
+from jaxrl_hf.finetune.dotted_args import to_flags  # noqa: E402
 from jaxrl_hf.rewards.prm_data import (STEP_TAG, EncodedSteps, encode_step_rows, gsm8k_step_rows,  # noqa: E402
                                        make_step_batch, read_step_rows)
 from jaxrl_hf.rewards.prm_training import make_prm_train_step, prm_loss  # noqa: E402
@@ -173,13 +174,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    given = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
+    argv = to_flags(parser, given, "train_prm")
     preset = parser.parse_known_args(argv)[0].preset
     if preset:
         parser.set_defaults(**PRESETS[preset])
     args = parser.parse_args(argv)
-    args.argv = argv
+    args.argv = given
     for name in ("steps", "batch_size", "max_length"):
         if getattr(args, name) < 1:
             raise SystemExit(f"train_prm: --{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")

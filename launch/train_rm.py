@@ -36,6 +36,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from jaxrl_hf.data import gsm8k as gsm8k_data  # noqa: E402
+from jaxrl_hf.finetune.dotted_args import to_flags  # noqa: E402
 from jaxrl_hf.models import DecoderConfig, Tokenizer, init_value_params, load_pretrained, value_params_from_lm  # noqa: E402
 from jaxrl_hf.models.pretrained import resolve_hf_dir  # noqa: E402
 from jaxrl_hf.rewards.rm_data import (EncodedPairs, PreferencePair, encode_pairs, make_batch, pairs_from_rows,  # noqa: E402
@@ -276,9 +277,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
-    args.argv = argv
+    given = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(to_flags(parser, given, "train_rm"))
+    args.argv = given
     for name in ("steps", "batch_size", "eval_batch_size", "max_length", "log_every"):
         if getattr(args, name) < 1:
             raise SystemExit(f"train_rm: --{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")

@@ -33,7 +33,7 @@ BIASES = SMALL["num_hidden_layers"] * (SMALL["num_attention_heads"] + 2 * SMALL[
 BATCH = ["data.max_prompt_length=64", "data.max_response_length=64", "data.train_batch_size=8",
          "data.gen_batch_size=8", "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
          "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
-         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1"]  # configs/dapo.yaml's is 16
+         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1"]  # configs/laptop/dapo.yaml's is 16
 COLLECTIVES = {"all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute"}
 
 needs8 = pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 devices (XLA_FLAGS host device count)")

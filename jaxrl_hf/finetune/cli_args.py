@@ -1,11 +1,14 @@
 """The command-line options ``launch/train_sft.py`` and ``launch/train_dpo.py`` share (model, optimizer, schedule,
-LoRA, checkpoints), each default given by the caller, and the parse that applies a ``--preset`` first."""
+LoRA, checkpoints), each default given by the caller, and the parse that applies a ``--preset`` first and takes
+verl's dotted keys (`jaxrl_hf.finetune.dotted_args`)."""
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from jaxrl_hf.finetune.dotted_args import to_flags
 
 
 def add_training_args(p: argparse.ArgumentParser, *, steps: int, batch_help: str, max_length: int, length_help: str,
@@ -37,12 +40,14 @@ def add_training_args(p: argparse.ArgumentParser, *, steps: int, batch_help: str
 def parse_training_args(parser: argparse.ArgumentParser, argv: Sequence[str], presets: Mapping[str, Mapping[str, Any]],
                         prog: str) -> argparse.Namespace:
     """Parse ``argv`` with ``--preset``'s defaults applied first; the counts must be >= 1 (``SystemExit`` naming the
-    option otherwise). ``args.argv`` keeps the command line."""
+    option otherwise). verl's dotted ``key=value`` words are read as the options they name (`to_flags`).
+    ``args.argv`` keeps the command line as given."""
+    given, argv = list(argv), to_flags(parser, argv, prog)
     preset = parser.parse_known_args(list(argv))[0].preset
     if preset:
         parser.set_defaults(**presets[preset])
     args = parser.parse_args(list(argv))
-    args.argv = list(argv)
+    args.argv = given
     for name in ("steps", "batch_size", "max_length", "save_every", "log_every"):
         if getattr(args, name) < 1:
             raise SystemExit(f"{prog}: --{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
