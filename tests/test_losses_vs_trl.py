@@ -4,7 +4,8 @@ The learning comparison (`launch/bench/bench_learning_vs_trl.py`, docs/LEARNING_
 TRL's ``loss_type="dapo"`` and ``seq-mean-token-mean`` to ``"grpo"``. Here the mapping is checked where sampling
 plays no part: the same tiny random Llama (an HF directory, loaded by our actor worker and by transformers), the same
 16 rows (4 prompts x 4 samples, left-padded prompts, right-padded responses of random lengths), the same advantages.
-Our side is the real actor worker (8 fake CPU devices, dp 4 x tp 2, 4 micro-batches accumulated), padded and packed
+Our side is the real actor worker (8 fake CPU devices, dp 4 x tp 2; 4 micro-batches of a row accumulated, or one
+micro-batch of a whole group a device as in the learning bench: the shared-prompt forward / one packed row per group), padded and packed
 (``model.use_remove_padding``); TRL's side is its own ``GRPOTrainer.compute_loss`` in float32, then
 ``torch.optim.AdamW`` (TRL's optimizer) for one step. The loss, the gradient norm before clipping and the parameter
 change of the one AdamW step must agree to float32 accuracy.
@@ -55,12 +56,23 @@ def rollout():
             "advantages": advantages.astype(np.float32)}
 
 
-def ours(model_dir: str, data: dict, loss_agg_mode: str, packed: bool) -> tuple[dict, dict]:
-    """Our actor worker's one update on ``data``: its metrics and each HF tensor's change."""
+@pytest.fixture(scope="module")
+def grouped_rollout(rollout):
+    """`rollout` with each group's 4 rows on one prompt, as a rollout makes them (consecutive rows of a group):
+    the shared-prompt forward (padded) and one packed row per group (packed) take these."""
+    prompts, prompt_mask = random_prompts(6, PROMPTS, P, MODEL.vocab_size)
+    return {**rollout, "prompts": np.repeat(prompts, N, 0), "prompt_mask": np.repeat(prompt_mask, N, 0)}
+
+
+def ours(model_dir: str, data: dict, loss_agg_mode: str, packed: bool,
+         placement: dict = DP4_TP2_PLACEMENT, micro_rows: int = 1) -> tuple[dict, dict]:
+    """Our actor worker's one update on ``data`` (``micro_rows`` rows a device per micro-batch): its metrics and
+    each HF tensor's change."""
     worker = local_actor(tiny_worker_config(
-        lr=LR, n=N, response_length=R, seed=0, placement=DP4_TP2_PLACEMENT,
+        lr=LR, n=N, response_length=R, seed=0, placement=placement,
         model={"path": model_dir, "use_remove_padding": packed},
-        actor={"ppo_mini_batch_size": PROMPTS, "ppo_micro_batch_size_per_device": 1, "loss_agg_mode": loss_agg_mode,
+        actor={"ppo_mini_batch_size": PROMPTS, "ppo_micro_batch_size_per_device": micro_rows,
+               "log_prob_micro_batch_size_per_device": micro_rows, "loss_agg_mode": loss_agg_mode,
                "clip_ratio_low": EPS_LOW, "clip_ratio_high": EPS_HIGH, "use_kl_loss": False, "entropy_coeff": 0.0,
                "optim": {"weight_decay": 0.0}}))
     attention_mask = np.concatenate([data["prompt_mask"], data["response_mask"]], 1).astype(np.int32)
@@ -113,9 +125,19 @@ def trl_side(model_dir: str, data: dict, loss_type: str, tmp_path) -> tuple[dict
 
 @pytest.mark.parametrize("loss_agg_mode", sorted(LOSS_TYPE_OF_AGG))
 @pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
-def test_one_batch_update_equals_trls(model_dir, rollout, loss_agg_mode, packed, tmp_path):
-    got, got_delta = ours(model_dir, rollout, loss_agg_mode, packed)
-    ref, ref_delta = trl_side(model_dir, rollout, LOSS_TYPE_OF_AGG[loss_agg_mode], tmp_path)
+@pytest.mark.parametrize("layout", ["rows", "groups"])
+def test_one_batch_update_equals_trls(model_dir, rollout, grouped_rollout, loss_agg_mode, packed, layout, tmp_path):
+    """dp 4 x tp 2 both: ``rows``, 4 micro-batches of one row a device; ``groups``, one micro-batch of a whole
+    group a device, as the learning bench's micro-batches hold whole groups (the shared-prompt forward when
+    padded, one packed row per group when packed)."""
+    if layout == "rows":
+        data = rollout
+        got, got_delta = ours(model_dir, data, loss_agg_mode, packed)
+    else:
+        data = grouped_rollout
+        got, got_delta = ours(model_dir, data, loss_agg_mode, packed, micro_rows=N)
+        assert got["actor/packed_group_rows" if packed else "actor/shared_prompt_forward"] == 1.0  # the path taken
+    ref, ref_delta = trl_side(model_dir, data, LOSS_TYPE_OF_AGG[loss_agg_mode], tmp_path)
     assert got["actor/num_updates"] == 1 and got["actor/pg_clipfrac"] == 0.0  # on-policy: the ratio is 1
     # float32 sums over <= 16 x 8 tokens through a 2-layer model: 1e-4 relative is ~100x float32 rounding
     np.testing.assert_allclose(got["actor/pg_loss"], ref["loss"], rtol=1e-4, atol=1e-6)
