@@ -5,8 +5,8 @@ TRL's ``loss_type="dapo"`` and ``seq-mean-token-mean`` to ``"grpo"``. Here the m
 plays no part: the same tiny random Llama (an HF directory, loaded by our actor worker and by transformers), the same
 16 rows (4 prompts x 4 samples, left-padded prompts, right-padded responses of random lengths), the same advantages.
 Our side is the real actor worker (8 fake CPU devices, dp 4 x tp 2; 4 micro-batches of a row accumulated, or one
-micro-batch of a whole group a device as in the learning bench: the shared-prompt forward / one packed row per group), padded and packed
-(``model.use_remove_padding``); TRL's side is its own ``GRPOTrainer.compute_loss`` in float32, then
+micro-batch of a whole group a device as in the learning bench: the shared-prompt forward / one packed row per
+group), padded and packed (``model.use_remove_padding``); TRL's side is its own ``GRPOTrainer.compute_loss`` in float32, then
 ``torch.optim.AdamW`` (TRL's optimizer) for one step. The loss, the gradient norm before clipping and the parameter
 change of the one AdamW step must agree to float32 accuracy.
 """
