@@ -166,7 +166,7 @@ def test_a_worker_killed_on_the_other_node_is_named_with_its_log_fetched_from_th
     """The driver's own log lookup finds nothing (an empty directory stands in for this machine's Ray logs), so
     the tail in the message can only come from the dead worker's node: through Ray's state API where the cluster
     runs the dashboard, otherwise (minimal Ray, as here) through a task pinned to that node."""
-    pool = ResourcePool("far", num_processes=2, nnodes=2, cpus_per_process=0.25, ready_timeout_s=60)
+    pool = ResourcePool("far", num_processes=2, nnodes=2, cpus_per_process=0.25, ready_timeout_s=180)  # a busy 2-core CPU starts two Ray nodes slowly
     try:
         group = WorkerGroup(pool, LastWords, role="far_worker")
         driver_node = ray.get_runtime_context().get_node_id()
