@@ -88,7 +88,7 @@ class CriticWorker(Worker):
         optimizer = make_optimizer(self.optim, self.critic_cfg.grad_clip, where="critic.optim")
         state_shardings = train_state_shardings(params, shardings, optimizer, self.mesh)
         self.state = jax.jit(lambda p: init_train_state(p, optimizer), out_shardings=state_shardings)(params)
-        cpu_backend = (self.critic_cfg.model or self.config.model).cpu_backend
+        cpu_backend = model_cfg.cpu_backend
         train_config = pair_matmul.training_config(config, self.mesh, cpu_backend)
         self.value_fn = value_head_fn(train_config, self.mesh, self.rule_set.activations)
         self.packed_value_fn = packed_value_fn(train_config, self.mesh, self.rule_set.activations)
