@@ -258,6 +258,14 @@ def test_platform_errors(params):
         pytest.skip("CPU-platform checks")
     with pytest.raises(ValueError, match="no sleep mode"):
         make_rollout_engine("vllm", config=CONFIG, params=params, pad_token_id=PAD, options={"enable_sleep_mode": True})
+    # a KV cache one token short of max_model_len stops before vLLM starts, naming the keys (the live engine of this
+    # module would refuse a second one: the check comes first)
+    from jaxrl_hf.rollout.vllm_budget import GIB, kv_bytes_per_token
+
+    short = (128 - 1) * kv_bytes_per_token(CONFIG, 1, "float32") / GIB
+    with pytest.raises(ValueError, match=r"rollout.kv_cache_gib=.* = 127 tokens .* rollout.max_model_len=128"):
+        make_rollout_engine("vllm", config=CONFIG, params=params, pad_token_id=PAD,
+                            options={"kv_cache_gib": short, "max_model_len": 128})
     bad = tiny_config(vocab_size=96)  # head_dim 8
     with pytest.raises(ValueError, match="head_dim=8"):
         make_rollout_engine("vllm", config=bad, params=random_params(bad), pad_token_id=PAD)

@@ -38,17 +38,14 @@ from jax.sharding import Mesh
 from jaxrl_hf.memory_plan.programs import ActorLayout, CompiledProgram, _compile
 from jaxrl_hf.memory_plan.report import memory_stats
 from jaxrl_hf.models import param_logical_axes
+from jaxrl_hf.rollout.vllm_budget import VLLM_ACTIVATION_BYTES_PER_TOKEN, vllm_footprint
 from jaxrl_hf.rollout.vllm_engine import VllmOptions
-from jaxrl_hf.rollout.vllm_tp import check_tp_divides, pad_rows, padded_vocab, take_layer, tp_shard_shapes, tp_sharding
+from jaxrl_hf.rollout.vllm_tp import check_tp_divides, pad_rows, padded_vocab, take_layer, tp_sharding
 
 GIB = 2 ** 30
 CONTEXT_ALLOWANCE_BYTES = int(1.5 * GIB)
 """Per GPU, besides both programs' own numbers: JAX's CUDA context (vLLM's is inside its share), cuBLAS/cuDNN
 workspaces and the NCCL communicators of JAX and vLLM. An estimate: not measured on a GPU here."""
-VLLM_ACTIVATION_BYTES_PER_TOKEN = 64 * 1024
-"""vLLM's activation peak per scheduled token (its profile run), for the KV-cache estimate. An estimate."""
-DEFAULT_MAX_BATCHED_TOKENS = 8192
-"""vLLM's default ``max_num_batched_tokens`` with chunked prefill, the tokens its activation peak is sized for."""
 
 
 def _leaves(layout: ActorLayout) -> list[tuple[str, Any, Any, Any, bool]]:
@@ -118,17 +115,13 @@ class VllmMemory:
 
 
 def vllm_memory(layout: ActorLayout, tp: int, share: float, device_memory: int) -> VllmMemory:
-    """vLLM's weights and KV cache per device at ``gpu_memory_utilization = share``."""
+    """vLLM's weights and KV cache per device at ``gpu_memory_utilization = share`` (`vllm_footprint`)."""
     model, rollout = layout.model, layout.config.rollout
     check_tp_divides(model, tp, "placement.generate.tp")
-    itemsize = jnp.dtype(rollout.dtype or model.dtype).itemsize
-    weights = sum(int(np.prod(s)) for s in tp_shard_shapes(model, tp).values()) * itemsize
-    tokens = DEFAULT_MAX_BATCHED_TOKENS  # vLLM's chunked-prefill budget (its default), which our config does not set
-    activation = tokens * VLLM_ACTIVATION_BYTES_PER_TOKEN
-    per_token = 2 * model.num_hidden_layers * (model.num_key_value_heads // tp) * model.head_dim * itemsize
-    share_bytes = int(share * device_memory)
-    return VllmMemory(tp, len(layout.devices) // tp, share_bytes, weights, activation,
-                      share_bytes - weights - activation, per_token, sum(layout.seq_lengths),
+    fp = vllm_footprint(model, tp=tp, dtype=rollout.dtype or model.dtype, max_model_len=sum(layout.seq_lengths),
+                        share=share, device_bytes=device_memory)
+    return VllmMemory(tp, len(layout.devices) // tp, int(share * device_memory), fp.weight_bytes, fp.activation_bytes,
+                      fp.kv_cache_bytes, fp.kv_bytes_per_token, fp.max_model_len,
                       int(rollout.sleep_level or VllmOptions.sleep_level))
 
 

@@ -95,6 +95,7 @@ from jaxrl_hf.rollout.engine_memory import SleepMeter
 from jaxrl_hf.rollout.sync_plan import HOST, SyncStats, SyncTarget, sync_metrics
 from jaxrl_hf.rollout.vllm_reload import (DropExpectedReloadWarnings, mark_tp_presharded, reprocess_tied_lm_head,
                                           worker_device)
+from jaxrl_hf.rollout.vllm_budget import check_vllm_fits, vllm_footprint
 from jaxrl_hf.rollout.vllm_tp import (TensorParallelGroup, TpShardStream, group_prompts, name_cpu_shm_by_group,
                                       remove_stale_cpu_shm, tp_device_grid)
 from jaxrl_hf.rollout.weight_sync import gather_multihost, hf_weight_stream
@@ -219,6 +220,14 @@ def logprobs_mismatch(engine_mode: str, sampling: SamplingParams) -> str | None:
             f"logprobs_mode={engine_mode!r}")
 
 
+def _device_memory_bytes() -> int:
+    """The whole memory of this process's GPU (``torch.cuda.mem_get_info``'s total), which vLLM's
+    ``gpu_memory_utilization`` is a fraction of."""
+    import torch
+
+    return int(torch.cuda.mem_get_info()[1])
+
+
 def request_seed(seed: int, row: int) -> int:
     """The per-row vLLM seed: a hash of (seed, row) into [0, 2**31)."""
     return int(np.random.SeedSequence([int(seed) & 0xFFFFFFFF, int(row)]).generate_state(1)[0] & 0x7FFFFFFF)
@@ -270,6 +279,10 @@ class VllmRolloutEngine:
             enable_sleep_mode=self.sleep_supported)
         if kv_gib is not None:
             kwargs["kv_cache_memory_bytes"] = int(kv_gib * (1 << 30))
+        check_vllm_fits(vllm_footprint(config, tp=int(opts.tensor_parallel_size), dtype=opts.dtype or config.dtype,
+                                       max_model_len=self.max_model_len, kv_cache_gib=kv_gib,
+                                       share=float(opts.gpu_memory_utilization),
+                                       device_bytes=None if kv_gib is not None else _device_memory_bytes()))
         if opts.distributed_executor_backend is not None:
             kwargs["distributed_executor_backend"] = opts.distributed_executor_backend
         if self.tp_group is not None:  # every rank is one of our processes (module docstring)
@@ -395,6 +408,12 @@ class VllmRolloutEngine:
             stream = [(name, tensor.contiguous()) for name, tensor in stream]
             stats.mark_all_copied()
         self._llm.collective_rpc("reload_weights", kwargs={"weights_iterator": stream, "is_checkpoint_format": True})
+        if self.sync_target.memory == "device":
+            # the load read JAX's buffers through DLPack views on torch's stream: its copies must finish before the
+            # next training step donates (and overwrites) those buffers
+            import torch
+
+            torch.cuda.current_stream(self.sync_target.torch_device).synchronize()
         if gathered is not params:  # every leaf came through a cross-process gather
             stats.mark_all_copied("host_gather" if self.sync_target.memory == "host" else "device_gather")
         if self.config.tie_word_embeddings and not all(self._llm.collective_rpc(reprocess_tied_lm_head)):

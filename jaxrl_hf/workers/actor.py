@@ -193,12 +193,21 @@ class ActorRolloutRefWorker(Worker):
         return self.state.params if self.lora is None else self.lora.merged(self.state.params)
 
     def _engine_options(self) -> dict[str, Any] | None:
-        """vLLM options: the ``rollout`` keys that ``VllmOptions`` names (`VllmOptions.from_rollout`)."""
+        """vLLM options: the ``rollout`` keys that ``VllmOptions`` names (`VllmOptions.from_rollout`), and as verl
+        sizes it, ``max_model_len`` = the longest prompt + response when unset (single-turn loops; a multi-turn
+        loop keeps the model's ``max_position_embeddings``), so the KV cache needs to hold that, not the model's
+        whole context."""
         if self.engine_name != "vllm":
             return None
+        from jaxrl_hf.rollout.vllm_budget import longest_sequence
         from jaxrl_hf.rollout.vllm_engine import VllmOptions
 
-        return {**VllmOptions.from_rollout(self.config.rollout), "tensor_parallel_size": self.vllm_tp}
+        options = {**VllmOptions.from_rollout(self.config.rollout), "tensor_parallel_size": self.vllm_tp}
+        if "max_model_len" not in options:
+            longest = longest_sequence(self.config)
+            if longest is not None:
+                options["max_model_len"] = min(longest, int(self.model.config.max_position_embeddings))
+        return options
 
     def _tp_group(self) -> Any:
         """vLLM TP > 1: this process's rank of its TP group (``tp`` consecutive pool processes; a collective)."""
