@@ -54,7 +54,7 @@ def run(tmp_path_factory):
 def test_blocker_ran_in_every_process_and_nothing_imported_ray_or_vllm(run):
     doc, stdout, markers, _ = run
     scripts = " ".join(markers)
-    for name in ("bench_gpu.py", "_gpu_plan.py", "env_peak", "update", "generate_hf", "generate_native"):
+    for name in ("bench_gpu.py", "_gpu_plan.py", "env_peak", "update", "generate_hf", "generate_native", "colocate"):
         assert name in scripts, (name, markers)
     assert "import of ray halted" not in stdout and "import of vllm halted" not in stdout
     assert "ModuleNotFoundError" not in json.dumps(doc)
@@ -63,7 +63,7 @@ def test_blocker_ran_in_every_process_and_nothing_imported_ray_or_vllm(run):
 def test_every_section_ran_without_error_and_numbers_are_positive(run):
     doc, stdout, _, files = run
     sections = doc["sections"]
-    assert list(sections) == ["env", "peak", "update", "generate"]
+    assert list(sections) == ["env", "peak", "update", "generate", "colocate"]
     assert {name: s["status"] for name, s in sections.items()} == dict.fromkeys(sections, "ok")
     assert doc["meta"]["finished"] is True and files == ["bench_gpu.json"]
 
@@ -86,7 +86,17 @@ def test_every_section_ran_without_error_and_numbers_are_positive(run):
     assert gen["native"]["tokens"] == gen["transformers"]["tokens"] == 4 * 8
     assert 0.0 <= gen["greedy_agreement"]["equal_token_fraction"] <= 1.0
 
-    for heading in ("### env", "### peak", "### update", "### generate", "| bf16-auto-none |", "| native JAX |"):
+    colocate = sections["colocate"]  # what a CPU can run of it: the host DLPack path and the update under the budget
+    assert colocate["budget_env"] == {"XLA_PYTHON_CLIENT_PREALLOCATE": "false", "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.45"}
+    assert colocate["startup"]["status"] == "skipped: no CUDA" and colocate["stream_race"]["status"] == "skipped: no GPU"
+    sync = colocate["dlpack_sync"]
+    assert sync["zero_copy_fraction"] == 1.0 and sync["bytes"] > 0 and not sync["missing_keys"]
+    assert sync["logits_max_abs_diff"] < 1e-4 * max(1.0, sync["logits_scale"])  # float32, one 2-layer forward
+    beside = colocate["update_beside_block"]
+    assert beside["status"] == "ok" and beside["xla_mem_fraction"] == "0.45" and beside["torch_block_bytes"] == 0
+
+    for heading in ("### env", "### peak", "### update", "### generate", "### colocate", "| bf16-auto-none |",
+                    "| native JAX |", "| DLPack sync to cpu |"):
         assert heading in stdout
 
 
@@ -101,5 +111,5 @@ def test_budget_spent_skips_the_rest_and_records_it(tmp_path):
     doc = json.loads((tmp_path / "bench_gpu.json").read_text())
     states = {k: v["status"] for k, v in doc["sections"].items()}
     assert states == {"env": "skipped: not selected", "peak": "skipped: budget", "update": "skipped: budget",
-                      "generate": "skipped: not selected"}
+                      "generate": "skipped: not selected", "colocate": "skipped: not selected"}
     assert doc["sections"]["update"]["variants"]["bf16-auto-none"]["status"] == "skipped: budget"

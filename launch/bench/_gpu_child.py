@@ -1,7 +1,7 @@
 """One child process of ``bench_gpu.py``: the ``env`` + ``peak`` sections, one actor-update variant, or one half
 of ``generate`` (transformers, then the native engine).
 
-    python launch/bench/_gpu_child.py --task env_peak|update|generate_hf|generate_native --json DIR/bench_gpu.json
+    python launch/bench/_gpu_child.py --task env_peak|update|generate_hf|generate_native|colocate --json DIR/bench_gpu.json
         [--quick] [--variant bf16-auto-none] [--deadline UNIX_TIME] [--log-prob] [--work DIR]
 
 Each section runs in its own try/except (the traceback goes to the JSON) and writes every sub-measurement as
@@ -142,7 +142,7 @@ def run_section(path: str, keys: tuple[str, ...], fn, *args) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--task", required=True,
-                        choices=("env", "peak", "env_peak", "update", "generate_hf", "generate_native"))
+                        choices=("env", "peak", "env_peak", "update", "generate_hf", "generate_native", "colocate"))
     parser.add_argument("--json", required=True)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--variant", default="bf16-auto-none")
@@ -164,6 +164,9 @@ def main() -> None:
         from _gpu_update import run_variant
         run_section(args.json, ("update", "variants", args.variant), run_variant, args.variant, args.quick,
                     args.deadline, args.log_prob)
+    elif args.task == "colocate":
+        from _gpu_colocate import run_colocate
+        run_section(args.json, ("colocate",), run_colocate, args.quick, args.deadline)
     else:
         import _gpu_generate
         fn = _gpu_generate.run_generate_hf if args.task == "generate_hf" else _gpu_generate.run_generate_native

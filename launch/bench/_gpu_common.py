@@ -18,7 +18,7 @@ import traceback
 from typing import Any, Callable, Iterator
 
 JSON_NAME = "bench_gpu.json"
-SECTIONS = ("env", "peak", "update", "generate")
+SECTIONS = ("env", "peak", "update", "generate", "colocate")
 DATASHEET_BF16_PEAK = 989e12
 """H100 / H200 SXM dense bf16 datasheet peak (FLOP/s); the MFU's second denominator."""
 

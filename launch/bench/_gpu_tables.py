@@ -81,7 +81,39 @@ def table_generate(s: dict[str, Any]) -> list[str]:
     return out
 
 
-TABLES = {"env": table_env, "peak": table_peak, "update": table_update, "generate": table_generate}
+def table_colocate(s: dict[str, Any]) -> list[str]:
+    out = [f"budget env: {s.get('budget_env')}", "", "| part | result |", "|---|---|"]
+    start = s.get("startup") or {}
+    if start.get("status") == "ok":
+        stages = [k for k in start if k.startswith("free_after_")]
+        out.append("| free MiB after start-up | " + ", ".join(f"{k[11:-4]} {start[k]:.0f}" for k in stages)
+                   + f" (of {start['total_mib']:.0f}) |")
+    else:
+        out.append(f"| start-up memory | {start.get('status', '-')} |")
+    sync = s.get("dlpack_sync") or {}
+    if sync.get("status") == "ok":
+        out.append(f"| DLPack sync to {sync['target']} | {sync['path']}; zero-copy {sync['zero_copy_fraction']:.3f} "
+                   f"of {sync['bytes'] / 2 ** 20:.1f} MiB; logits max diff vs transformers "
+                   f"{sync['logits_max_abs_diff']:.2e} (scale {sync['logits_scale']:.2f}) |")
+    else:
+        out.append(f"| DLPack sync | {sync.get('status', '-')} |")
+    race = s.get("stream_race") or {}
+    if race.get("status") == "ok":
+        for k in ("unsynchronised", "synchronised"):
+            out.append(f"| stream race, {k} | {race[k]['donation']}; copy saw new values: "
+                       f"{race[k]['copy_saw_new_values']} |")
+    else:
+        out.append(f"| stream race | {race.get('status', '-')} |")
+    upd = s.get("update_beside_block") or {}
+    mem = upd.get("memory_after_update")
+    peak = mem.get("peak_bytes_in_use") if isinstance(mem, dict) else None
+    out.append(f"| update_actor beside a {upd.get('torch_block_bytes', 0) / GIB:.1f} GiB torch block | "
+               f"{upd.get('status', '-')}; step {fmt(upd.get('step_s_median'), 1, 3)} s; peak {fmt(peak, GIB)} GiB |")
+    return out
+
+
+TABLES = {"env": table_env, "peak": table_peak, "update": table_update, "generate": table_generate,
+          "colocate": table_colocate}
 
 
 def print_tables(doc: dict[str, Any]) -> None:

@@ -89,7 +89,9 @@ def timed_calls(fn, repeats: int, deadline: float) -> tuple[float, list[float]]:
     return first, times
 
 
-def run_variant(path: str, variant: str, quick: bool, deadline: float, log_prob: bool) -> None:
+def run_variant(path: str, variant: str, quick: bool, deadline: float, log_prob: bool,
+                keys: tuple[str, ...] | None = None) -> None:
+    """One variant's measurements, stored at ``keys`` (default ``sections/update/variants/<variant>``)."""
     import jax
     import numpy as np
 
@@ -98,7 +100,7 @@ def run_variant(path: str, variant: str, quick: bool, deadline: float, log_prob:
     from jaxrl_hf.trainer.metrics import actor_update_flops
     from jaxrl_hf.workers import ActorRolloutRefWorker
 
-    keys = ("sections", "update", "variants", variant)
+    keys = keys or ("sections", "update", "variants", variant)
     shape = UPDATE_SHAPES["quick"] if quick else full_shapes()[0]
     measured_peak = read_json(path).get("sections", {}).get("peak", {}).get("ours_bfloat16_flops_per_s")
     config = worker_config(shape, variant, measured_peak)

@@ -15,9 +15,13 @@ Sections, in this order (markdown table each; ``DIR/bench_gpu.json`` rewritten a
    project's AOT memory plan (`_gpu_plan.py`, XLA:CPU, running beside the GPU work); ``compute_log_prob`` time.
 4. ``generate``: `JaxGenerationEngine` vs transformers ``generate`` on the same random Qwen2-0.5B-shaped bf16
    weights, 64 x 128 prompt tokens x 128 new tokens, greedy, no EOS.
+5. ``colocate`` (`_gpu_colocate.py`): under the shipped memory budget of a colocated vLLM actor, free memory after
+   each runtime starts, the on-device DLPack weight sync (zero-copy share, logits of a transformers model fed by
+   it against ours), the DLPack/donation stream race with and without synchronisation, and ``update_actor``
+   beside a torch block of vLLM's share.
 
 Order of the work (``--budget-s`` from the start; what does not fit is recorded as skipped): env + peak, the
-first update variant (``bf16-auto-none``, with ``compute_log_prob``), generate, then the other variants. Every
+first update variant (``bf16-auto-none``, with ``compute_log_prob``), generate, colocate, the other variants. Every
 piece runs in its own child process (`_gpu_child.py`): a crash or an out-of-memory error is recorded and the
 rest goes on, each variant's ``peak_bytes_in_use`` is its own, and a child still running when the budget ends is
 killed (what it wrote stays).
@@ -228,6 +232,8 @@ def main(argv: list[str] | None = None) -> int:
     common = ["--json", path, *(["--quick"] if args.quick else [])]
     generate = [(["--task", "generate_hf", "--work", tmp], ("sections", "generate"), "0.75"),
                 (["--task", "generate_native", "--work", tmp], ("sections", "generate"), "0.9")]
+    # colocate's child applies the shipped memory budget itself (_gpu_colocate.py)
+    colocate = [(["--task", "colocate"], ("sections", "colocate"), "0.45")] if "colocate" in args.sections else []
     tasks: list[tuple[list[str], tuple[str, ...], str]] = []
     first = [s for s in ("env", "peak") if s in args.sections]
     if first:
@@ -237,10 +243,11 @@ def main(argv: list[str] | None = None) -> int:
         lp = ["--log-prob"] if (i == 0 or args.log_prob_all) else []
         tasks.append((["--task", "update", "--variant", variant, *lp], ("sections", "update", "variants", variant),
                       "0.9"))
-        if i == 0 and "generate" in args.sections:
-            tasks += generate
-    if "generate" in args.sections and not variants:
-        tasks += generate
+        if i == 0:
+            tasks += generate if "generate" in args.sections else []
+            tasks += colocate
+    if not variants:
+        tasks += (generate if "generate" in args.sections else []) + colocate
 
     for task_args, keys, fraction in tasks:
         left = time_left(deadline)
