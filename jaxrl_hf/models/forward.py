@@ -111,6 +111,22 @@ def hidden_states(params: Params, config: DecoderConfig, input_ids: jnp.ndarray,
     return hidden
 
 
+def hidden_states_and_routing(params: Params, config: DecoderConfig, input_ids: jnp.ndarray,
+                              attention_mask: jnp.ndarray | None = None, positions: jnp.ndarray | None = None,
+                              mesh: Any = None, rules: Any = None) -> tuple[jnp.ndarray, tuple | None]:
+    """`hidden_states` and, for a mixture-of-experts model, the routing of the same pass: ``(router_logits
+    [L, B·T, E] float32, router_experts [L, B·T, k] int32)`` (``-1`` experts in a dense layer; `jaxrl_hf.models.moe`),
+    ``None`` for a dense model."""
+    if not config.is_moe:
+        return hidden_states(params, config, input_ids, attention_mask, positions, mesh, rules), None
+    attention_mask, positions = _positions(attention_mask, input_ids, positions)
+    module = make_module(config, mesh, rules)
+    (hidden, _), state = module.apply({"params": params}, input_ids, positions, attention_mask,
+                                      method=CausalLM.hidden_states, mutable=["intermediates"])
+    layers = state["intermediates"]["model"]["layers"]
+    return hidden, (layers["router_logits"][0], layers["router_experts"][0])
+
+
 CAST_TO_COMPUTE_DTYPE = ("kernel", "bias", "embedding")
 """The parameter leaves the model multiplies in its compute dtype (a norm's ``scale`` is used in float32)."""
 
