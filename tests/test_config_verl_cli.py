@@ -81,6 +81,8 @@ def test_verl_renames_take_effect():
         "trainer.total_training_steps=20", "actor_rollout_ref.actor.use_token_level_loss=False",
         "algorithm.rollout_correction.rollout_is=sequence", "algorithm.rollout_correction.rollout_is_threshold=3.0",
         "actor_rollout_ref.actor.optim.clip_grad=0.5", "critic.optim.lr_warmup_steps=4",
+        "actor_rollout_ref.actor.megatron.override_transformer_config.moe_aux_loss_coeff=0.001",
+        "actor_rollout_ref.actor.megatron.override_transformer_config.moe_z_loss_coeff=0.0001",
     ])
     a = config.actor
     assert (a.ppo_micro_batch_size_per_device, a.log_prob_micro_batch_size_per_device) == (2, 1)
@@ -88,6 +90,7 @@ def test_verl_renames_take_effect():
     assert (a.optim.warmup_steps, a.optim.total_steps, config.critic.optim.warmup_steps) == (2, 20, 4)
     assert a.loss_agg_mode == "seq-mean-token-mean" and a.grad_clip == 0.5
     assert (a.rollout_correction.level, a.rollout_correction.threshold) == ("sequence", 3.0)
+    assert (a.router_aux_loss_coef, a.router_z_loss_coef) == (0.001, 0.0001)  # Megatron's MoE router loss weights
 
 
 def test_verl_keys_in_a_yaml_preset(tmp_path):

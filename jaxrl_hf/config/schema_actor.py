@@ -62,6 +62,11 @@ class ActorConfig:
     clip_ratio_high: Optional[float] = None
     clip_ratio_c: float = 3.0
     entropy_coeff: float = 0.0
+    router_aux_loss_coef: float = 0.0
+    """Mixture-of-experts policies: weight of the Switch load-balancing loss (Qwen's ``router_aux_loss_coef``;
+    `jaxrl_hf.algos.router_losses`). 0, as in verl's RL recipes: off (its value is still logged)."""
+    router_z_loss_coef: float = 0.0
+    """Mixture-of-experts policies: weight of the ST-MoE router z-loss (0: off, still logged)."""
     use_kl_loss: bool = False
     kl_loss_coef: float = 0.001
     kl_loss_type: str = "low_var_kl"

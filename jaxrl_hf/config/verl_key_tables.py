@@ -28,6 +28,8 @@ RENAMED: dict[str, str] = {
     "actor.fsdp_config.optimizer_offload": "actor.offload_optimizer",
     "actor.megatron.optimizer_offload": "actor.offload_optimizer",
     "rollout.tensor_model_parallel_size": "placement.generate.tp",
+    "actor.megatron.override_transformer_config.moe_aux_loss_coeff": "actor.router_aux_loss_coef",
+    "actor.megatron.override_transformer_config.moe_z_loss_coeff": "actor.router_z_loss_coef",
     "actor.megatron.tensor_model_parallel_size": "placement.train.tp",
     "actor.megatron.pipeline_model_parallel_size": "placement.train.pp",
     "actor.optim.clip_grad": "actor.grad_clip",
@@ -168,7 +170,8 @@ IGNORED: dict[str, str] = {
     "which is not supported (an error when set)",
 }
 
-_MOE = "mixture-of-experts models are not supported here"
+_MOE = ("expert parallelism and Megatron's other MoE options are not supported here (a qwen3_moe policy trains with "
+        "every expert on every device of its tensor-parallel group)")
 _NONE = (None, "null", "None", "none", "~")
 
 UNSUPPORTED: dict[str, tuple[str, tuple[Any, ...]]] = {

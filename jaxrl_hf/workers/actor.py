@@ -170,10 +170,11 @@ class ActorRolloutRefWorker(Worker):
                                       combine=self.lora.combine if self.lora is not None else None,
                                       unrolled_layers=0 if config.scan_layers else config.num_hidden_layers,
                                       cpu_backend=self.config.model.cpu_backend)
-            program = build(self._forward_fn(update))
+            program = build(self._update_forward_fn(update, config))
             self.loss_cfg, self.optim = program.loss_cfg, program.optim
             self._train_steps = {False: program.step}  # keyed by "the prompts are shared" (jitted lazily)
-            if self.shared_prompt.log_prob_fn is not None and not update.dynamic:
+            # a mixture-of-experts update needs its routing, which the shared-prompt forward does not return
+            if self.shared_prompt.log_prob_fn is not None and not update.dynamic and not config.is_moe:
                 self._train_steps[True] = build(self.shared_prompt.log_prob_fn).step
             self.state = jax.jit(lambda p: init_train_state(p, program.optimizer),
                                  out_shardings=program.state_shardings)(params)
@@ -338,6 +339,15 @@ class ActorRolloutRefWorker(Worker):
     # ------------------------------------------------------------------------------ log-probs
     def _forward_fn(self, batching: MicroBatching) -> Any:
         return self.packed_log_prob_fn if batching.remove_padding else self.log_prob_fn
+
+    def _update_forward_fn(self, batching: MicroBatching, config: Any) -> Any:
+        """The update pass's forward: `_forward_fn`'s, and for a mixture-of-experts policy the same with its routing
+        (the router losses and ``actor/moe/*`` metrics of `jaxrl_hf.workers.losses.actor_loss`)."""
+        if not config.is_moe:
+            return self._forward_fn(batching)
+        make = packed_log_prob_fn if batching.remove_padding else lm_log_prob_fn
+        return make(pair_matmul.training_config(config, self.mesh, self.config.model.cpu_backend), self.mesh,
+                    self.rule_set.activations, with_routing=True)
 
     def _log_probs(self, params: Any, batch: Batch, temperature: float,
                    batching: MicroBatching) -> tuple[np.ndarray, np.ndarray]:

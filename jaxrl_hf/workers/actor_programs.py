@@ -17,7 +17,7 @@ import optax
 from jaxrl_hf.config.schema import ActorConfig, OptimConfig
 from jaxrl_hf.workers.common import WorkerConfigError
 from jaxrl_hf.workers.losses import (ACTOR_SUMMED_METRICS, ActorLossConfig, LogProbFn, actor_loss, actor_loss_config,
-                                     response_denominator)
+                                     actor_denominators)
 from jaxrl_hf.workers.fused_adamw import fused_update_for
 from jaxrl_hf.workers.optim import make_optimizer
 from jaxrl_hf.workers.train_step import TrainState, make_train_step, train_state_shardings
@@ -60,7 +60,7 @@ def build_actor_update(actor: ActorConfig, temperature: float, log_prob_fn: LogP
     state_shardings = train_state_shardings(param_shapes, param_shardings, optimizer, mesh)
     loss_fn = functools.partial(actor_loss, log_prob_fn=log_prob_fn, cfg=loss_cfg)
     step = make_train_step(loss_fn, actor.optim, optimizer=optimizer,
-                           denominator_fn=response_denominator(loss_cfg.loss_agg_mode),
+                           denominator_fn=actor_denominators(loss_cfg.loss_agg_mode),
                            summed_aux=ACTOR_SUMMED_METRICS, state_shardings=state_shardings, live_fn=live_fn,
                            combine=combine, fused=fused_update_for(actor.optim, actor.grad_clip, param_shapes, mesh,
                                                                  unrolled_layers, cpu_backend))

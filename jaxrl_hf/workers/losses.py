@@ -16,7 +16,7 @@ Critic (PPO2 clipped value loss): ½ · agg(max((V − R)², (V_clip − R)²)).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -24,7 +24,8 @@ import jax.numpy as jnp
 from jaxrl_hf import algos
 from jaxrl_hf.config.schema import ActorConfig, CriticConfig
 from jaxrl_hf.models.config import DecoderConfig
-from jaxrl_hf.models.forward import hidden_states, lm_head_log_probs
+from jaxrl_hf.algos.router_losses import router_metrics
+from jaxrl_hf.models.forward import hidden_states, hidden_states_and_routing, lm_head_log_probs
 from jaxrl_hf.models.llama import constrain
 from jaxrl_hf.models.value_head import value_forward
 from jaxrl_hf.user_modules import call_registered
@@ -35,20 +36,32 @@ Array = jax.Array
 def response_log_probs(params: Any, config: DecoderConfig, input_ids: Array, attention_mask: Array,
                        position_ids: Array, response_length: int, temperature: float = 1.0,
                        with_entropy: bool = True, chunk_size: int = 128, mesh: Any = None,
-                       rules: Any = None) -> tuple[Array, Array]:
+                       rules: Any = None, with_routing: bool = False) -> tuple:
     """``(log π(y_t | x, y_<t), H_t)``, both ``[b, R]`` float32, for the last ``R`` tokens of ``input_ids``.
 
     The logits are divided by ``temperature`` (the rollout temperature, so these match the sampler's
-    log-probs); the LM head only runs on the ``R`` positions that predict response tokens.
+    log-probs); the LM head only runs on the ``R`` positions that predict response tokens. ``with_routing`` (a
+    mixture-of-experts model): a third element, the pass's `Routed` tokens.
     """
-    hidden = hidden_states(params, config, input_ids, attention_mask, position_ids, mesh, rules)
+    hidden, routing = hidden_states_and_routing(params, config, input_ids, attention_mask, position_ids, mesh, rules) \
+        if with_routing else (hidden_states(params, config, input_ids, attention_mask, position_ids, mesh, rules), None)
     prompt_len = input_ids.shape[1] - response_length
     if prompt_len < 1:
         raise ValueError(f"input_ids width {input_ids.shape[1]} leaves no prompt before {response_length} response tokens")
     h = hidden[:, prompt_len - 1:-1]
     log_prob, entropy = lm_head_log_probs(params, config, h, input_ids[:, prompt_len:], temperature, chunk_size,
                                           with_entropy)
-    return whole_rows(log_prob, mesh, rules), whole_rows(entropy, mesh, rules)
+    out = (whole_rows(log_prob, mesh, rules), whole_rows(entropy, mesh, rules))
+    return out + (Routed(*routing, attention_mask.reshape(-1)),) if routing is not None else out
+
+
+class Routed(NamedTuple):
+    """A mixture-of-experts forward's routing (`jaxrl_hf.models.forward.hidden_states_and_routing`) and which of its
+    ``N`` flattened tokens are real (``token_mask [N]``: the attention mask, or the packed tokens)."""
+
+    logits: Array
+    experts: Array
+    token_mask: Array
 
 
 def whole_rows(per_token: Array, mesh: Any = None, rules: Any = None) -> Array:
@@ -83,8 +96,13 @@ class ActorLossConfig:
     temperature: float
     rollout_correction_level: str | None
     rollout_correction_threshold: float
+    router_aux_loss_coef: float = 0.0
+    router_z_loss_coef: float = 0.0
 
     def __post_init__(self) -> None:
+        for key in ("router_aux_loss_coef", "router_z_loss_coef"):
+            if not getattr(self, key) >= 0:
+                raise ValueError(f"actor.{key}={getattr(self, key)!r}: must be >= 0 (0 turns the term off)")
         algos.get_policy_loss(self.loss_mode)  # raises listing the valid names
         if self.loss_agg_mode not in algos.LOSS_AGG_MODES:
             raise ValueError(f"actor.loss_agg_mode={self.loss_agg_mode!r}; valid: {list(algos.LOSS_AGG_MODES)}")
@@ -117,7 +135,8 @@ def actor_loss_config(actor: ActorConfig, temperature: float) -> ActorLossConfig
         entropy_coeff=actor.entropy_coeff, use_kl_loss=actor.use_kl_loss, kl_loss_coef=actor.kl_loss_coef,
         kl_loss_type=actor.kl_loss_type, temperature=temperature,
         rollout_correction_level=actor.rollout_correction.level,
-        rollout_correction_threshold=actor.rollout_correction.threshold)
+        rollout_correction_threshold=actor.rollout_correction.threshold,
+        router_aux_loss_coef=actor.router_aux_loss_coef, router_z_loss_coef=actor.router_z_loss_coef)
 
 
 ACTOR_SUMMED_METRICS = ("pg_loss", "entropy", "kl_loss")
@@ -131,17 +150,41 @@ def response_denominator(loss_agg_mode: str) -> Any:
     return denominator
 
 
+def token_count(micro: Mapping[str, Array]) -> Array:
+    """The real tokens (prompt and response) of a micro-batch or a stack of them: the attention mask's, or the packed
+    tokens' (``pack_segment_ids > 0``)."""
+    if "pack_segment_ids" in micro:
+        return jnp.sum((micro["pack_segment_ids"] > 0).astype(jnp.float32))
+    return jnp.sum(micro["attention_mask"].astype(jnp.float32))
+
+
+def actor_denominators(loss_agg_mode: str) -> Any:
+    """``denominator_fn`` of the actor's update: ``(the aggregation denominator, the mini-batch's real tokens)``;
+    the second weighs each micro-batch's router losses (`actor_loss`) by its share of the tokens. A layout that
+    carries neither token mask (one packed row per prompt group, `jaxrl_hf.workers.group_packing`, which a
+    mixture-of-experts update does not use) gets the aggregation denominator alone."""
+    agg = response_denominator(loss_agg_mode)
+
+    def denominators(micro_batches: Mapping[str, Array]) -> Any:
+        if "attention_mask" not in micro_batches and "pack_segment_ids" not in micro_batches:
+            return agg(micro_batches)
+        return agg(micro_batches), token_count(micro_batches)
+    return denominators
+
+
 LogProbFn = Callable[[Any, Mapping[str, Array], float], tuple[Array, Array]]
 ValueFn = Callable[[Any, Mapping[str, Array]], Array]
 
 
 def lm_log_prob_fn(model_config: DecoderConfig, mesh: Any = None, rules: Any = None,
-                   chunk_size: int = 128) -> LogProbFn:
-    """``fn(params, micro, temperature) -> (log_prob, entropy)`` of the decoder on a rollout micro-batch."""
-    def fn(params: Any, micro: Mapping[str, Array], temperature: float) -> tuple[Array, Array]:
+                   chunk_size: int = 128, with_routing: bool = False) -> LogProbFn:
+    """``fn(params, micro, temperature) -> (log_prob, entropy)`` of the decoder on a rollout micro-batch
+    (``with_routing``, a mixture-of-experts model: ``+ (Routed,)``, for the update's router losses)."""
+    def fn(params: Any, micro: Mapping[str, Array], temperature: float) -> tuple:
         return response_log_probs(params, model_config, micro["input_ids"], micro["attention_mask"],
                                   micro["position_ids"], micro["responses"].shape[1], temperature,
-                                  with_entropy=True, chunk_size=chunk_size, mesh=mesh, rules=rules)
+                                  with_entropy=True, chunk_size=chunk_size, mesh=mesh, rules=rules,
+                                  with_routing=with_routing)
     return fn
 
 
@@ -160,7 +203,8 @@ def actor_loss(params: Any, micro: Mapping[str, Array], denominator: Array, *, l
     ``log_prob_fn`` is the policy (`lm_log_prob_fn` for the decoder); the loss itself is model-agnostic.
     """
     mask = micro["response_mask"].astype(jnp.float32)
-    log_prob, entropy = log_prob_fn(params, micro, cfg.temperature)
+    denominator, tokens = denominator if isinstance(denominator, tuple) else (denominator, None)
+    log_prob, entropy, *routed = log_prob_fn(params, micro, cfg.temperature)
     weights = None
     if cfg.rollout_correction_level is not None:
         weights = algos.compute_rollout_is_weights(micro["old_log_probs"], micro["rollout_log_probs"], mask,
@@ -182,6 +226,15 @@ def actor_loss(params: Any, micro: Mapping[str, Array], denominator: Array, *, l
         kl_share = algos.agg_loss(kl, mask, cfg.loss_agg_mode, global_denominator=denominator)
         loss = loss + cfg.kl_loss_coef * kl_share
         metrics["kl_loss"] = kl_share
+    if routed:  # a mixture-of-experts policy: its router losses, weighted by this micro-batch's share of the tokens
+        if tokens is None:
+            raise ValueError("actor_loss: a routed forward needs the (denominator, tokens) pair of actor_denominators")
+        (r,) = routed
+        router = router_metrics(r.logits, r.experts, r.token_mask)
+        share = token_count(micro) / jnp.maximum(tokens, 1.0)
+        loss = loss + share * (cfg.router_aux_loss_coef * router["moe/aux_loss"]
+                               + cfg.router_z_loss_coef * router["moe/z_loss"])
+        metrics.update(jax.lax.stop_gradient(router))
     return loss, metrics
 
 

@@ -18,10 +18,10 @@ from typing import Any, Mapping
 import jax
 
 from jaxrl_hf.models.config import DecoderConfig
-from jaxrl_hf.models.forward import hidden_states, lm_head_log_probs
+from jaxrl_hf.models.forward import hidden_states, hidden_states_and_routing, lm_head_log_probs
 from jaxrl_hf.models.packed_attention import per_row_attention_pays
 from jaxrl_hf.models.value_head import value_forward
-from jaxrl_hf.workers.losses import LogProbFn, ValueFn
+from jaxrl_hf.workers.losses import LogProbFn, Routed, ValueFn
 
 Array = jax.Array
 
@@ -58,14 +58,17 @@ def response_slots(micro: Mapping[str, Array]) -> Array:
 
 
 def packed_log_prob_fn(model_config: DecoderConfig, mesh: Any = None, rules: Any = None,
-                       chunk_size: int = 128) -> LogProbFn:
+                       chunk_size: int = 128, with_routing: bool = False) -> LogProbFn:
     """``fn(params, micro, temperature) -> (log_prob, entropy)`` ``[D·r, R]`` on a packed micro-batch: the
     decoder over the packed sequences, the final hidden states gathered to the response slots, then the LM head
     and log-softmax(logits / T) of ``micro["responses"]`` as in `jaxrl_hf.workers.losses.response_log_probs`."""
-    def fn(params: Any, micro: Mapping[str, Array], temperature: float) -> tuple[Array, Array]:
-        hidden = hidden_states(params, packed_config(model_config, micro), *_packed_inputs(micro), mesh, rules)
+    def fn(params: Any, micro: Mapping[str, Array], temperature: float) -> tuple:
+        config = packed_config(model_config, micro)
+        hidden, routing = hidden_states_and_routing(params, config, *_packed_inputs(micro), mesh, rules) \
+            if with_routing else (hidden_states(params, config, *_packed_inputs(micro), mesh, rules), None)
         h = gather_response_positions(hidden, response_slots(micro))
-        return lm_head_log_probs(params, model_config, h, micro["responses"], temperature, chunk_size, True)
+        out = lm_head_log_probs(params, model_config, h, micro["responses"], temperature, chunk_size, True)
+        return out if routing is None else (*out, Routed(*routing, (micro["pack_segment_ids"] > 0).reshape(-1)))
     return fn
 
 
