@@ -182,10 +182,3 @@ def test_kv_cache_decode_unrolled_layers_and_gradients(variant="mlp_only_1"):
     g = grads["model"]["layers"]["moe"]
     assert all(bool(jnp.all(jnp.isfinite(leaf))) for leaf in jax.tree.leaves(g))
     assert float(jnp.abs(g["gate_proj"]["kernel"]).sum()) > 0 and float(jnp.abs(g["router"]["kernel"]).sum()) > 0
-
-
-def test_vllm_refuses_a_moe_policy_until_its_sync_exists():
-    from jaxrl_hf.models.vllm_support import vllm_support_problem
-
-    config = tiny_config(model_type="qwen3_moe", num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16)
-    assert "mixture of experts, 4 experts" in vllm_support_problem(config)

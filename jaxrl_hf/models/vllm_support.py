@@ -16,6 +16,9 @@ gemma2          ``query_pre_attn_scalar``, both soft-caps, ``layer_types`` (alte
                 windows), the sqrt(hidden_size) embedding scale, logits from the
                 embedding (always tied)
 gemma3_text     as Gemma 2 plus q/k norms and ``rope_parameters`` per layer type          test_rollout_vllm_families
+qwen3_moe       per-expert ``mlp.experts.{e}.*_proj`` (vLLM fuses them into ``w13``/``w2``), test_rollout_vllm_moe
+                ``mlp.gate`` router, ``mlp_only_layers`` / ``decoder_sparse_step``;
+                tensor parallel size 1 (`VllmRolloutEngine` refuses more)
 ==============  ========================================================================  ==========================
 
 Refused (`vllm_support_problem`): Qwen2 with ``head_dim`` other than ``hidden_size / num_attention_heads`` (vLLM's
@@ -37,9 +40,6 @@ PER_LAYER_WINDOWS_IGNORED = ("qwen2", "qwen3")
 
 def vllm_support_problem(config: DecoderConfig) -> str | None:
     """Why vLLM would not compute ``config``'s model as this decoder does (None: it does; module table)."""
-    if getattr(config, "num_experts", 0):
-        return (f"model_type {config.model_type!r} (mixture of experts, {config.num_experts} experts): the weight "
-                "sync into vLLM's fused expert layout is not built yet; use rollout.name=jax")
     if config.model_type in HEAD_DIM_FROM_HIDDEN and config.head_dim * config.num_attention_heads != config.hidden_size:
         return (f"model_type {config.model_type!r} with head_dim={config.head_dim} != hidden_size / "
                 f"num_attention_heads = {config.hidden_size}/{config.num_attention_heads}: vLLM's "

@@ -16,15 +16,16 @@ Lifecycle (the HybridFlow "hybrid engine": one process holds both the trainer an
      sharded leaves; path per leaf from ``sync_plan``, GPU paths not run on hardware) and push it through
      the worker's ``reload_weights`` (``collective_rpc``), which runs the
      model's own ``load_weights`` (fusing q/k/v into ``qkv_proj`` and gate/up into ``gate_up_proj``) and
-     re-runs ``process_weights_after_loading`` into the engine's existing tensors (plus the tied LM head,
-     which vLLM's reload skips: ``vllm_reload.reprocess_tied_lm_head``). No disk round trip.
+     re-runs ``process_weights_after_loading`` into the engine's existing tensors (plus the tied LM head and
+     the CPU experts' packed layout, which vLLM's reload skips: ``vllm_reload.reprocess_tied_lm_head``,
+     ``vllm_reload.repack_cpu_moe_experts``). No disk round trip.
      The prefix cache is reset (its KV entries were computed with the old weights). Records
      ``last_sync_s`` / ``last_sync_bytes`` / ``last_sync_stats`` (``sync_metrics()``: ``perf/weight_sync_*``).
   3. ``generate``: one vLLM request per row (``n=1`` each, so every row has its own seed), token ids in,
      token ids out (no tokenizer is loaded: ``skip_tokenizer_init``).
   4. ``sleep()``: free the KV cache until the next ``set_params`` / ``generate``.
 
-Model families: Llama, Qwen2, Qwen3, Mistral, Gemma 2 and Gemma 3 text, from the same HF names and layouts as the
+Model families: Llama, Qwen2, Qwen3, Qwen3-MoE (TP 1), Mistral, Gemma 2 and Gemma 3 text, from the same HF names and layouts as the
 export (q/k norms; Gemma's pre/post feed-forward norms, ``(1 + w)`` norm weights as stored, tied embeddings: vLLM's
 Gemma 2 takes its logits from the embedding itself). What vLLM reads from ``config.json`` per family, and the one
 refused case (Qwen2/Qwen3 windows on some layers only), is in `jaxrl_hf.models.vllm_support`.
@@ -93,8 +94,8 @@ from jaxrl_hf.rollout.base import GenerationOutput, SamplingParams
 from jaxrl_hf.rollout.padding import DEFAULT_LENGTH_BUCKETS, left_pad_prompts
 from jaxrl_hf.rollout.engine_memory import SleepMeter
 from jaxrl_hf.rollout.sync_plan import HOST, SyncStats, SyncTarget, sync_metrics
-from jaxrl_hf.rollout.vllm_reload import (DropExpectedReloadWarnings, mark_tp_presharded, reprocess_tied_lm_head,
-                                          worker_device)
+from jaxrl_hf.rollout.vllm_reload import (DropExpectedReloadWarnings, mark_tp_presharded, repack_cpu_moe_experts,
+                                          reprocess_tied_lm_head, worker_device)
 from jaxrl_hf.rollout.vllm_budget import check_vllm_fits, vllm_footprint
 from jaxrl_hf.rollout.vllm_tp import (TensorParallelGroup, TpShardStream, group_prompts, name_cpu_shm_by_group,
                                       remove_stale_cpu_shm, tp_device_grid)
@@ -103,6 +104,8 @@ from jaxrl_hf.rollout.weight_sync import gather_multihost, hf_weight_stream
 logger = logging.getLogger(__name__)
 
 VLLM_ENV_DEFAULTS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+CPU_MOE_ALIGNMENT = 32
+"""vLLM 0.32's CPU experts round the MoE intermediate size up to a multiple of this (their output alignment)."""
 ENGINE_LOGPROBS_MODES = ("processed_logprobs", "raw_logprobs")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
                    "vocab.json", "merges.txt", "tokenizer.model")
@@ -250,6 +253,11 @@ class VllmRolloutEngine:
                  length_buckets: Sequence[int] = DEFAULT_LENGTH_BUCKETS,
                  tp_group: TensorParallelGroup | None = None, tp_devices: Sequence[Any] | None = None) -> None:
         self.options = options if isinstance(options, VllmOptions) else VllmOptions.from_mapping(options)
+        if config.is_moe and self.options.tensor_parallel_size > 1:
+            raise ValueError(f"rollout.name=vllm with a mixture-of-experts policy and tensor_parallel_size="
+                             f"{self.options.tensor_parallel_size} (placement.generate.tp / "
+                             "rollout.tensor_model_parallel_size): the expert weights are synced whole, not yet as "
+                             "TP shards; use tensor_parallel_size=1 (data-parallel vLLM replicas)")
         self.tp_group = self._check_tp_group(self.options, tp_group)
         problem = vllm_support_problem(config)
         if problem is not None:
@@ -362,6 +370,10 @@ class VllmRolloutEngine:
             if self.config.head_dim not in sizes:
                 raise ValueError(f"vLLM's CPU attention does not support head_dim={self.config.head_dim}; "
                                  f"supported: {sizes}")
+            if self.config.is_moe and self.config.moe_intermediate_size % CPU_MOE_ALIGNMENT:
+                raise ValueError(f"vLLM's CPU experts pad moe_intermediate_size={self.config.moe_intermediate_size} "
+                                 f"to a multiple of {CPU_MOE_ALIGNMENT}, and its in-place reload cannot write the "
+                                 "unpadded weights into them; use rollout.name=jax for this model on CPU")
             return False
         return True if opts.enable_sleep_mode is None else bool(opts.enable_sleep_mode)
 
@@ -416,6 +428,8 @@ class VllmRolloutEngine:
             torch.cuda.current_stream(self.sync_target.torch_device).synchronize()
         if gathered is not params:  # every leaf came through a cross-process gather
             stats.mark_all_copied("host_gather" if self.sync_target.memory == "host" else "device_gather")
+        if self.config.is_moe:
+            self._llm.collective_rpc(repack_cpu_moe_experts)
         if self.config.tie_word_embeddings and not all(self._llm.collective_rpc(reprocess_tied_lm_head)):
             raise RuntimeError("vLLM engine: tie_word_embeddings=True but the vLLM model's lm_head does not share the "
                                "embedding weight; the synced weights would not reach the output layer")

@@ -28,6 +28,31 @@ def reprocess_tied_lm_head(worker: Any) -> bool:
     return True
 
 
+def repack_cpu_moe_experts(worker: Any) -> int:
+    """Worker-side (``collective_rpc``): re-pack the CPU fused-MoE experts' weights after a reload.
+
+    vLLM's CPU experts keep ``w13_weight`` / ``w2_weight`` in a packed grouped-GEMM layout made by their own
+    ``process_weights_after_loading`` (``cpu_prepack_moe_weight``). On a weight *update* vLLM 0.32's unquantized
+    MoE method copies the new values into the kernel's tensors but skips that step (it runs only when the kernel
+    is first built), so the experts would compute with the unpacked values as if packed. This packs them in
+    place, as the first load did. GPU experts read the plain layout and need nothing (0). Returns the number of
+    MoE layers re-packed."""
+    from vllm._custom_ops import cpu_prepack_moe_weight
+    from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
+
+    repacked = 0
+    for layer in worker.model_runner.get_model().modules():
+        kernel = getattr(getattr(layer, "quant_method", None), "moe_kernel", None)
+        experts = getattr(kernel, "fused_experts", None)
+        if not isinstance(experts, CPUUnquantizedExperts) or getattr(experts, "_use_zentorch", False):
+            continue
+        for name in ("w13_weight", "w2_weight"):
+            weight = getattr(layer, name)
+            weight.data.copy_(cpu_prepack_moe_weight(weight.data, experts.isa))
+        repacked += 1
+    return repacked
+
+
 def _copy_presharded_vocab(param: Any, loaded_weight: Any) -> None:
     """Loader of a vocab-parallel embedding / LM head fed its rank's shard already padded to vLLM's rows."""
     if tuple(param.data.shape) != tuple(loaded_weight.shape):
@@ -100,5 +125,5 @@ class DropExpectedReloadWarnings(logging.Filter):
                     and record.args[0] in RELOAD_WARNINGS_EXPECTED)
 
 
-__all__ = ["DropExpectedReloadWarnings", "RELOAD_WARNINGS_EXPECTED", "mark_tp_presharded", "reprocess_tied_lm_head",
-           "worker_device"]
+__all__ = ["DropExpectedReloadWarnings", "RELOAD_WARNINGS_EXPECTED", "mark_tp_presharded", "repack_cpu_moe_experts",
+           "reprocess_tied_lm_head", "worker_device"]

@@ -41,7 +41,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jaxrl_hf.mesh.rules import logical_to_spec
 from jaxrl_hf.models.config import DecoderConfig
 from jaxrl_hf.models.forward import param_logical_axes
-from jaxrl_hf.models.weights_hf import hf_layer_entries, to_hf_view
+from jaxrl_hf.models.weights_hf import hf_layer_entries, hf_mlp_entries, to_hf_view
 from jaxrl_hf.rollout.sync_plan import SyncStats, SyncTarget, TransferPlan
 
 VLLM_TP_PARAM_RULES = (("vocab", "tp"), ("heads", "tp"), ("kv_heads", "tp"), ("mlp", "tp"), ("embed", None),
@@ -197,6 +197,10 @@ def tp_shard_shapes(config: DecoderConfig, tp: int) -> dict[str, tuple[int, ...]
                 shape = (q if ".q_proj" in suffix else kv,)
             else:
                 shape = (d,) if suffix.endswith(("q_norm.weight", "k_norm.weight")) else (e,)
+            out[f"model.layers.{i}.{suffix}"] = shape
+        for suffix, _, _, _ in hf_mlp_entries(c, i):  # MoE (whole experts: tp 1, `VllmRolloutEngine` refuses more)
+            m = c.moe_intermediate_size if ".experts." in suffix else mlp
+            shape = (c.num_experts, e) if suffix == "mlp.gate.weight" else (e, m) if "down_proj" in suffix else (m, e)
             out[f"model.layers.{i}.{suffix}"] = shape
     out["model.norm.weight"] = (e,)
     if not c.tie_word_embeddings:

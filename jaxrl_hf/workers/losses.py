@@ -96,8 +96,8 @@ class ActorLossConfig:
     temperature: float
     rollout_correction_level: str | None
     rollout_correction_threshold: float
-    router_aux_loss_coef: float = 0.0
-    router_z_loss_coef: float = 0.0
+    router_aux_loss_coef: float
+    router_z_loss_coef: float
 
     def __post_init__(self) -> None:
         for key in ("router_aux_loss_coef", "router_z_loss_coef"):
