@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from jaxrl_hf.config.schema_actor import (ActorConfig, CriticConfig, OptimConfig, PolicyLossConfig, RefConfig,
-                                          RolloutCorrectionConfig)
+                                          RolloutCorrectionConfig, RouterReplayConfig)
 from jaxrl_hf.config.schema_algorithm import AlgorithmConfig, FilterGroupsConfig, KLControlConfig, SafeRLHFConfig
 from jaxrl_hf.config.schema_data import ArithmeticDataConfig, DataConfig
 from jaxrl_hf.config.schema_memory import GpuMemoryConfig
@@ -34,7 +34,7 @@ __all__ = [  # the sections live in schema_<topic>.py; this module is the one pl
     "CustomRewardFunctionConfig", "DataConfig", "FilterGroupsConfig", "GenerateParallelSizes", "GpuMemoryConfig",
     "KLControlConfig", "ModelConfig", "OptimConfig", "OverlongBufferConfig", "ParallelSizes", "PlacementConfig",
     "PolicyLossConfig", "PoolConfig", "RefConfig", "RewardModelConfig", "RolloutConfig", "RolloutCorrectionConfig",
-    "RolloutValConfig", "RunConfig", "SafeRLHFConfig", "ScoringModelConfig", "TinyModelConfig", "TrainerConfig", "ALGOS",
+    "RolloutValConfig", "RouterReplayConfig", "RunConfig", "SafeRLHFConfig", "ScoringModelConfig", "TinyModelConfig", "TrainerConfig", "ALGOS",
 ]
 
 

@@ -46,6 +46,19 @@ class RolloutCorrectionConfig:
 
 
 @dataclass
+class RouterReplayConfig:
+    """Routing replay of a mixture-of-experts policy (verl's ``actor.router_replay``): the update's forward passes
+    use recorded experts instead of the router's current top-k (the router's probabilities still weight them, so
+    its gradient flows; `jaxrl_hf.models.moe.route`)."""
+
+    mode: Literal["disabled", "R2", "R3"] = "disabled"
+    """``disabled``; ``R2``: replay the routing of the old-policy forward (``actor.compute_log_prob`` records it as
+    the ``routed_experts`` column) in every update pass, so the routing stays that of π_old over the mini-batches
+    and epochs of a step (a step that skips the old-policy pass, `skip_old_log_prob_when_on_policy`, needs none);
+    ``R3``: replay the rollout engine's routing (refused: no engine here returns it yet)."""
+
+
+@dataclass
 class ActorConfig:
     """Policy update (verl ``actor_rollout_ref.actor``). Mini-batch in prompts, micro-batch in sequences."""
 
@@ -67,6 +80,7 @@ class ActorConfig:
     `jaxrl_hf.algos.router_losses`). 0, as in verl's RL recipes: off (its value is still logged)."""
     router_z_loss_coef: float = 0.0
     """Mixture-of-experts policies: weight of the ST-MoE router z-loss (0: off, still logged)."""
+    router_replay: RouterReplayConfig = field(default_factory=RouterReplayConfig)
     use_kl_loss: bool = False
     kl_loss_coef: float = 0.001
     kl_loss_type: str = "low_var_kl"

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 
 from jaxrl_hf.mesh.rules import logical_to_shardings
 from jaxrl_hf.models.config import DecoderConfig
-from jaxrl_hf.models.llama import CausalLM, default_positions
+from jaxrl_hf.models.llama import REPLAY, CausalLM, default_positions
 from jaxrl_hf.models.logprobs import log_probs_and_entropy_from_hidden
 
 Params = dict[str, Any]
@@ -100,29 +100,52 @@ def forward(params: Params, config: DecoderConfig, input_ids: jnp.ndarray,
     return logits
 
 
+def _variables(params: Params, config: DecoderConfig, routed_experts: jnp.ndarray | None) -> dict:
+    """The module's variables: the params, and the `REPLAY` collection when ``routed_experts`` are given."""
+    if routed_experts is None:
+        return {"params": params}
+    if not config.is_moe:
+        raise ValueError("routed_experts (routing replay) given for a dense model (no MoE layers)")
+    return {"params": params, REPLAY: {"model": {"layers": {"experts": routed_experts}}}}
+
+
+def routed_experts_by_layer(per_token: jnp.ndarray) -> jnp.ndarray:
+    """``[B, T, layers, k]`` experts of each token (a batch column) -> ``[layers, B·T, k]`` (the `REPLAY` layout)."""
+    b, t, layers, k = per_token.shape
+    return jnp.transpose(per_token, (2, 0, 1, 3)).reshape(layers, b * t, k).astype(jnp.int32)
+
+
+def routed_experts_by_token(by_layer: jnp.ndarray, batch: int) -> jnp.ndarray:
+    """The inverse of `routed_experts_by_layer`: ``[layers, B·T, k]`` -> ``[B, T, layers, k]``."""
+    layers, n, k = by_layer.shape
+    return jnp.transpose(by_layer.reshape(layers, batch, n // batch, k), (1, 2, 0, 3))
+
+
 def hidden_states(params: Params, config: DecoderConfig, input_ids: jnp.ndarray,
                   attention_mask: jnp.ndarray | None = None, positions: jnp.ndarray | None = None,
-                  mesh: Any = None, rules: Any = None) -> jnp.ndarray:
-    """Final-norm hidden states ``[B, T, embed]`` (compute dtype)."""
+                  mesh: Any = None, rules: Any = None, routed_experts: jnp.ndarray | None = None) -> jnp.ndarray:
+    """Final-norm hidden states ``[B, T, embed]`` (compute dtype). ``routed_experts [layers, B·T, k]`` (a
+    mixture-of-experts model): the experts each MoE layer uses for each token (routing replay, `REPLAY`)."""
     attention_mask, positions = _positions(attention_mask, input_ids, positions)
     module = make_module(config, mesh, rules)
-    hidden, _ = module.apply({"params": params}, input_ids, positions, attention_mask,
+    hidden, _ = module.apply(_variables(params, config, routed_experts), input_ids, positions, attention_mask,
                              method=CausalLM.hidden_states)
     return hidden
 
 
 def hidden_states_and_routing(params: Params, config: DecoderConfig, input_ids: jnp.ndarray,
                               attention_mask: jnp.ndarray | None = None, positions: jnp.ndarray | None = None,
-                              mesh: Any = None, rules: Any = None) -> tuple[jnp.ndarray, tuple | None]:
+                              mesh: Any = None, rules: Any = None,
+                              routed_experts: jnp.ndarray | None = None) -> tuple[jnp.ndarray, tuple | None]:
     """`hidden_states` and, for a mixture-of-experts model, the routing of the same pass: ``(router_logits
     [L, B·T, E] float32, router_experts [L, B·T, k] int32)`` (``-1`` experts in a dense layer; `jaxrl_hf.models.moe`),
-    ``None`` for a dense model."""
+    ``None`` for a dense model. ``routed_experts``: `hidden_states`' (the experts returned are then those)."""
     if not config.is_moe:
-        return hidden_states(params, config, input_ids, attention_mask, positions, mesh, rules), None
+        return hidden_states(params, config, input_ids, attention_mask, positions, mesh, rules, routed_experts), None
     attention_mask, positions = _positions(attention_mask, input_ids, positions)
     module = make_module(config, mesh, rules)
-    (hidden, _), state = module.apply({"params": params}, input_ids, positions, attention_mask,
-                                      method=CausalLM.hidden_states, mutable=["intermediates"])
+    (hidden, _), state = module.apply(_variables(params, config, routed_experts), input_ids, positions,
+                                      attention_mask, method=CausalLM.hidden_states, mutable=["intermediates"])
     layers = state["intermediates"]["model"]["layers"]
     return hidden, (layers["router_logits"][0], layers["router_experts"][0])
 

@@ -321,17 +321,19 @@ class DecoderLayer(nn.Module):
         """An MoE model's feed-forward: the MoE block (``moe``) where every layer is sparse; in a model mixing
         dense and sparse layers, every layer holds both the dense ``mlp`` and the ``moe`` parameters and runs the
         one ``sparse`` picks (``nn.cond``; at init both, so both parameter sets exist). The routing is sown as
-        ``intermediates/router_logits`` and ``intermediates/router_experts`` (zeros/-1 in a dense layer)."""
+        ``intermediates/router_logits`` and ``intermediates/router_experts`` (zeros/-1 in a dense layer). A
+        ``replay`` collection's ``experts [N, k]`` (this layer's slice of `REPLAY`) replaces the router's choice."""
         c = self.config
+        given = self.get_variable(REPLAY, "experts") if self.has_variable(REPLAY, "experts") else None
         if all(c.moe_layers):
-            y, routing = MoEBlock(c, name="moe")(h)
+            y, routing = MoEBlock(c, name="moe")(h, given)
         else:
             if sparse is None:
                 raise ValueError("a model mixing dense and MoE layers needs the per-layer `sparse` flag")
             n = h.size // h.shape[-1]
 
             def moe(m: nn.Module, h: Array) -> tuple[Array, Routing]:
-                return MoEBlock(c, name="moe")(h)
+                return MoEBlock(c, name="moe")(h, given)
 
             def dense(m: nn.Module, h: Array) -> tuple[Array, Routing]:
                 k = c.num_experts_per_tok
@@ -348,6 +350,10 @@ class DecoderLayer(nn.Module):
         self.sow("intermediates", "router_experts", routing.experts)
         return y
 
+
+REPLAY = "replay"
+"""The variable collection of routing replay: ``{"model": {"layers": {"experts": [layers, N, k] int32}}}``, the
+experts each MoE layer uses for its ``N`` tokens (`jaxrl_hf.models.forward.hidden_states`' ``routed_experts``)."""
 
 _SAVE_ATTN_OUT = jax.checkpoint_policies.save_only_these_names("attn_out", "attn_lse")
 REMAT_POLICIES = {
@@ -389,7 +395,7 @@ class Decoder(nn.Module):
         self.mixed_moe = c.is_moe and not all(c.moe_layers)  # layers pick dense or MoE by a scanned flag
         self.layers = nn.scan(
             layer_cls,
-            variable_axes={"params": 0, "intermediates": 0} if c.is_moe else {"params": 0},
+            variable_axes={"params": 0, "intermediates": 0, REPLAY: 0} if c.is_moe else {"params": 0},
             split_rngs={"params": True},
             in_axes=(nn.broadcast, nn.broadcast, nn.broadcast, 0, 0) + ((nn.broadcast, 0) if self.mixed_moe else ()),
             length=c.num_hidden_layers,

@@ -15,6 +15,9 @@ expert, so each expert's rows are contiguous, and each projection is one grouped
 CPU and GPU); the results are unsorted and summed over the ``k`` choices. `moe_block` returns the router logits
 and the chosen experts and weights as well (`Routing`), for routing replay and a load-balancing loss.
 
+Routing replay (`route`'s ``given``): the experts ``e_n`` are given (recorded by an earlier pass or by the rollout
+engine) and only their weights come from this pass's ``p_n``: ``w_nj = p_n[e_nj]`` (renormalised as above).
+
 Parameter tree of `MoEBlock` (logical axes; stacked over ``layers`` by the decoder's scan)::
 
   router/kernel     [embed, expert]
@@ -44,11 +47,18 @@ class Routing(NamedTuple):
     weights: Array  # [N, k]: their weights (renormalised with norm_topk_prob), in the compute dtype
 
 
-def route(x: Array, router: Array, top_k: int, norm_topk_prob: bool) -> Routing:
-    """Top-``k`` softmax routing of ``x [N, embed]`` by ``router [embed, experts]`` (module docstring)."""
+def route(x: Array, router: Array, top_k: int, norm_topk_prob: bool, given: Array | None = None) -> Routing:
+    """Top-``k`` softmax routing of ``x [N, embed]`` by ``router [embed, experts]`` (module docstring).
+
+    ``given [N, k]`` (routing replay): the experts are these instead of the top ``k``; their weights are still
+    ``p_n`` at those experts (renormalised with norm_topk_prob), so the router's gradient flows as without."""
     logits = jnp.dot(x, router.astype(x.dtype), preferred_element_type=jnp.float32)
     probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
-    weights, experts = jax.lax.top_k(probs, top_k)
+    if given is None:
+        weights, experts = jax.lax.top_k(probs, top_k)
+    else:
+        experts = given.reshape(-1, top_k).astype(jnp.int32)
+        weights = jnp.take_along_axis(probs, experts, axis=-1)
     if norm_topk_prob:
         weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
     return Routing(logits, experts.astype(jnp.int32), weights.astype(x.dtype))
@@ -76,10 +86,10 @@ def grouped_experts(x: Array, experts: Array, weights: Array, gate: Array, up: A
 
 
 def moe_block(x: Array, router: Array, gate: Array, up: Array, down: Array, top_k: int,
-              norm_topk_prob: bool) -> tuple[Array, Routing]:
-    """``(y, routing)`` of the MoE block over ``x [..., embed]`` (``y`` shaped as ``x``)."""
+              norm_topk_prob: bool, given: Array | None = None) -> tuple[Array, Routing]:
+    """``(y, routing)`` of the MoE block over ``x [..., embed]`` (``y`` shaped as ``x``; ``given``: `route`'s)."""
     flat = x.reshape(-1, x.shape[-1])
-    routing = route(flat, router, top_k, norm_topk_prob)
+    routing = route(flat, router, top_k, norm_topk_prob, given)
     y = grouped_experts(flat, routing.experts, routing.weights, gate, up, down)
     return y.reshape(x.shape), routing
 
@@ -90,7 +100,7 @@ class MoEBlock(nn.Module):
     config: DecoderConfig
 
     @nn.compact
-    def __call__(self, x: Array) -> tuple[Array, Routing]:
+    def __call__(self, x: Array, given: Array | None = None) -> tuple[Array, Routing]:
         c = self.config
         dt, pdt = jnp.dtype(c.dtype), jnp.dtype(c.param_dtype)
         e, m, n = c.hidden_size, c.moe_intermediate_size, c.num_experts
@@ -100,7 +110,7 @@ class MoEBlock(nn.Module):
         down = _Kernel((n, m, e), ("expert", "mlp", "embed"), m, pdt, name="down_proj")()
         to = lambda w: from_bits(w, dt)  # noqa: E731  (uint16 bit patterns of decode weights)
         return moe_block(x.astype(dt), to(router), to(gate), to(up), to(down), c.num_experts_per_tok,
-                         c.norm_topk_prob)
+                         c.norm_topk_prob, given)
 
 
 class _Kernel(nn.Module):

@@ -155,7 +155,7 @@ class StepContext:
             return batch  # π_old = stop_gradient(π_θ) inside the update: one pass less
         with self.timer("old_log_prob"):
             out = self.roles.actor.compute_log_prob(batch)
-        return batch.union(out.select([k for k in ("old_log_probs", "entropys") if k in out], []))
+        return batch.union(out.select([k for k in ("old_log_probs", "entropys", "routed_experts") if k in out], []))
 
     def update_is_on_policy(self, batch: Batch) -> bool:
         """Whether ``batch``'s actor update is a single optimizer step at the policy that sampled it and

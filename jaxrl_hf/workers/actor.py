@@ -71,6 +71,7 @@ from jaxrl_hf.workers.optim import update_schedule_step
 from jaxrl_hf.workers.packed_forward import packed_log_prob_fn
 from jaxrl_hf.workers.peak_flops import mfu_summary
 from jaxrl_hf.workers.protocols import MESH_DP_MERGE
+from jaxrl_hf.workers.routing_replay import ROUTED_EXPERTS, check_router_replay
 from jaxrl_hf.workers.shared_prompt import SharedPromptForward
 from jaxrl_hf.workers.token_batches import MicroBatching, actor_micro_batching, has_response_tokens
 from jaxrl_hf.workers.train_step import TrainState, init_train_state
@@ -151,6 +152,10 @@ class ActorRolloutRefWorker(Worker):
         train_config = pair_matmul.training_config(config, self.mesh, self.config.model.cpu_backend)  # update, log-probs
         self.log_prob_fn = lm_log_prob_fn(train_config, self.mesh, self.rule_set.activations)
         self.packed_log_prob_fn = packed_log_prob_fn(train_config, self.mesh, self.rule_set.activations)
+        self.replay_routing = check_router_replay(self.config.actor.router_replay.mode, config)
+        self.recording_fns = {packed: make(train_config, self.mesh, self.rule_set.activations, record_routing=True)
+                              for packed, make in ((False, lm_log_prob_fn), (True, packed_log_prob_fn))} \
+            if self.replay_routing else {}
         self.shared_prompt = SharedPromptForward(train_config, self.config.actor.share_prompt_forward,
                                                  self.config.rollout.n, self.train.sp, self.mesh,
                                                  self.rule_set.activations, self.config.model.use_remove_padding)
@@ -349,23 +354,27 @@ class ActorRolloutRefWorker(Worker):
         return make(pair_matmul.training_config(config, self.mesh, self.config.model.cpu_backend), self.mesh,
                     self.rule_set.activations, with_routing=True)
 
-    def _log_probs(self, params: Any, batch: Batch, temperature: float,
-                   batching: MicroBatching) -> tuple[np.ndarray, np.ndarray]:
+    def _log_probs(self, params: Any, batch: Batch, temperature: float, batching: MicroBatching,
+                   record_routing: bool = False) -> tuple[np.ndarray, ...]:
+        """``(log_prob, entropy)`` ``[B, R]`` (0 outside ``response_mask``); ``record_routing``: ``+ (routed
+        experts [B, P+R, layers, k],)`` (`jaxrl_hf.workers.routing_replay`)."""
         for key in LOG_PROB_INPUTS:
             if key not in batch:
                 raise KeyError(f"log-prob computation: Batch has no {key!r}; columns: {batch.keys()}")
         arrays = pad_sequences_to({k: batch[k] for k in (*LOG_PROB_INPUTS, "response_mask") if k in batch},
                                   self.train.sp)
-        shared = not batching.dynamic and self.shared_prompt.applies(arrays, batching.rows_per_device)
-        program = functools.partial(log_probs_program, log_prob_fn=self.shared_prompt.log_prob_fn if shared
-                                    else self._forward_fn(batching))
+        shared = (not batching.dynamic and not record_routing
+                  and self.shared_prompt.applies(arrays, batching.rows_per_device))
+        fn = self.recording_fns[batching.remove_padding] if record_routing else self._forward_fn(batching)
+        program = functools.partial(log_probs_program, log_prob_fn=self.shared_prompt.log_prob_fn if shared else fn)
         run = functools.partial(self.shared_prompt.apply, rows_per_device=batching.rows_per_device) if shared \
             else batching.apply
-        logp, ent = run(program, params, arrays, self.mesh, self.dp_processes, jnp.float32(temperature))
+        logp, ent, *routed = run(program, params, arrays, self.mesh, self.dp_processes, jnp.float32(temperature))
         if "response_mask" in batch:
             valid = np.asarray(batch["response_mask"]) != 0
             logp, ent = logp * valid, ent * valid
-        return logp.astype(np.float32), ent.astype(np.float32)
+        width = np.shape(batch["input_ids"])[1]  # the recorded columns without the sequence-parallel padding
+        return (logp.astype(np.float32), ent.astype(np.float32), *(r[:, -width:].astype(np.int32) for r in routed))
 
     def _temperature(self, meta: Mapping[str, Any]) -> float:
         return float(meta.get("temperature", self.config.rollout.temperature))
@@ -373,13 +382,14 @@ class ActorRolloutRefWorker(Worker):
     @register(dispatch=Dispatch.MESH_DP)
     def compute_log_prob(self, batch: Batch) -> Batch:
         """``old_log_probs`` and ``entropys`` ``[B, R]`` of the current actor (log-softmax(logits / T),
-        T = rollout temperature), 0 outside ``response_mask``."""
+        T = rollout temperature), 0 outside ``response_mask``; with ``actor.router_replay.mode=R2`` also the
+        ``routed_experts`` of that pass (`jaxrl_hf.workers.routing_replay`)."""
         self._require_model("compute_log_prob")
         if not self.has_actor:
             raise RuntimeError("role 'ref' has no actor; call compute_ref_log_prob")
-        logp, ent = self._log_probs(self.policy_params(), batch, self._temperature(batch.meta_info),
-                                    self.batching["log_prob"])
-        return Batch.from_dict({"old_log_probs": logp, "entropys": ent})
+        logp, ent, *routed = self._log_probs(self.policy_params(), batch, self._temperature(batch.meta_info),
+                                             self.batching["log_prob"], record_routing=self.replay_routing)
+        return Batch.from_dict({"old_log_probs": logp, "entropys": ent, **dict(zip((ROUTED_EXPERTS,), routed))})
 
     @register(dispatch=Dispatch.MESH_DP)
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
@@ -416,7 +426,12 @@ class ActorRolloutRefWorker(Worker):
         if missing:
             raise KeyError(f"update_actor: Batch lacks {missing} (needed by this actor config, {plan.num_minibatches} "
                            f"mini-batch(es) x {plan.epochs} epoch(s)); columns: {batch.keys()}")
-        arrays = {k: np.asarray(batch[k]) for k in self.loss_cfg.required_keys() if k in batch}
+        if self.replay_routing and not one_step and ROUTED_EXPERTS not in batch:
+            raise KeyError(f"update_actor: actor.router_replay.mode=R2 replays the old-policy forward's routing, "
+                           f"but the Batch has no {ROUTED_EXPERTS!r} (actor.compute_log_prob records it); columns: "
+                           f"{batch.keys()}")
+        replayed = (ROUTED_EXPERTS,) if self.replay_routing and ROUTED_EXPERTS in batch else ()
+        arrays = {k: np.asarray(batch[k]) for k in (*self.loss_cfg.required_keys(), *replayed) if k in batch}
         pad = int(batch.meta_info.get(PAD_ROWS_KEY, 0))
         if pad:
             arrays["response_mask"] = arrays["response_mask"].copy()

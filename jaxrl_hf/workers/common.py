@@ -186,6 +186,9 @@ def pad_sequences_to(arrays: Mapping[str, np.ndarray], multiple: int) -> dict[st
         if key in out:
             a = np.asarray(out[key])
             out[key] = np.pad(a, [(0, 0)] * (a.ndim - 1) + [(extra, 0)])
+    if "routed_experts" in out:  # [rows, P+R, layers, k]: the same columns, on axis 1 (padding routes to expert 0)
+        a = np.asarray(out["routed_experts"])
+        out["routed_experts"] = np.pad(a, [(0, 0), (extra, 0)] + [(0, 0)] * (a.ndim - 2))
     return out
 
 

@@ -25,7 +25,8 @@ from jaxrl_hf import algos
 from jaxrl_hf.config.schema import ActorConfig, CriticConfig
 from jaxrl_hf.models.config import DecoderConfig
 from jaxrl_hf.algos.router_losses import router_metrics
-from jaxrl_hf.models.forward import hidden_states, hidden_states_and_routing, lm_head_log_probs
+from jaxrl_hf.models.forward import (hidden_states, hidden_states_and_routing, lm_head_log_probs, routed_experts_by_layer,
+                                     routed_experts_by_token)
 from jaxrl_hf.models.llama import constrain
 from jaxrl_hf.models.value_head import value_forward
 from jaxrl_hf.user_modules import call_registered
@@ -36,15 +37,18 @@ Array = jax.Array
 def response_log_probs(params: Any, config: DecoderConfig, input_ids: Array, attention_mask: Array,
                        position_ids: Array, response_length: int, temperature: float = 1.0,
                        with_entropy: bool = True, chunk_size: int = 128, mesh: Any = None,
-                       rules: Any = None, with_routing: bool = False) -> tuple:
+                       rules: Any = None, with_routing: bool = False, routed_experts: Array | None = None) -> tuple:
     """``(log π(y_t | x, y_<t), H_t)``, both ``[b, R]`` float32, for the last ``R`` tokens of ``input_ids``.
 
     The logits are divided by ``temperature`` (the rollout temperature, so these match the sampler's
     log-probs); the LM head only runs on the ``R`` positions that predict response tokens. ``with_routing`` (a
-    mixture-of-experts model): a third element, the pass's `Routed` tokens.
+    mixture-of-experts model): a third element, the pass's `Routed` tokens. ``routed_experts [b, P+R, layers, k]``:
+    the experts every token is routed to (routing replay, ``actor.router_replay``).
     """
-    hidden, routing = hidden_states_and_routing(params, config, input_ids, attention_mask, position_ids, mesh, rules) \
-        if with_routing else (hidden_states(params, config, input_ids, attention_mask, position_ids, mesh, rules), None)
+    replay = None if routed_experts is None else routed_experts_by_layer(routed_experts)
+    hidden, routing = hidden_states_and_routing(params, config, input_ids, attention_mask, position_ids, mesh, rules,
+                                                replay) if with_routing else \
+        (hidden_states(params, config, input_ids, attention_mask, position_ids, mesh, rules, replay), None)
     prompt_len = input_ids.shape[1] - response_length
     if prompt_len < 1:
         raise ValueError(f"input_ids width {input_ids.shape[1]} leaves no prompt before {response_length} response tokens")
@@ -177,14 +181,20 @@ ValueFn = Callable[[Any, Mapping[str, Array]], Array]
 
 
 def lm_log_prob_fn(model_config: DecoderConfig, mesh: Any = None, rules: Any = None,
-                   chunk_size: int = 128, with_routing: bool = False) -> LogProbFn:
+                   chunk_size: int = 128, with_routing: bool = False, record_routing: bool = False) -> LogProbFn:
     """``fn(params, micro, temperature) -> (log_prob, entropy)`` of the decoder on a rollout micro-batch
-    (``with_routing``, a mixture-of-experts model: ``+ (Routed,)``, for the update's router losses)."""
+    (``with_routing``, a mixture-of-experts model: ``+ (Routed,)``, for the update's router losses;
+    ``record_routing``: ``+ (routed_experts [b, P+R, layers, k],)``, the experts of every token). A micro-batch
+    with ``routed_experts`` is routed by them (routing replay)."""
     def fn(params: Any, micro: Mapping[str, Array], temperature: float) -> tuple:
-        return response_log_probs(params, model_config, micro["input_ids"], micro["attention_mask"],
-                                  micro["position_ids"], micro["responses"].shape[1], temperature,
-                                  with_entropy=True, chunk_size=chunk_size, mesh=mesh, rules=rules,
-                                  with_routing=with_routing)
+        out = response_log_probs(params, model_config, micro["input_ids"], micro["attention_mask"],
+                                 micro["position_ids"], micro["responses"].shape[1], temperature,
+                                 with_entropy=True, chunk_size=chunk_size, mesh=mesh, rules=rules,
+                                 with_routing=with_routing or record_routing,
+                                 routed_experts=micro.get("routed_experts"))
+        if not record_routing:
+            return out
+        return out[:2] + (routed_experts_by_token(out[2].experts, micro["input_ids"].shape[0]),)
     return fn
 
 

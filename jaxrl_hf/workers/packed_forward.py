@@ -18,7 +18,8 @@ from typing import Any, Mapping
 import jax
 
 from jaxrl_hf.models.config import DecoderConfig
-from jaxrl_hf.models.forward import hidden_states, hidden_states_and_routing, lm_head_log_probs
+from jaxrl_hf.models.forward import (hidden_states, hidden_states_and_routing, lm_head_log_probs, routed_experts_by_layer,
+                                     routed_experts_by_token)
 from jaxrl_hf.models.packed_attention import per_row_attention_pays
 from jaxrl_hf.models.value_head import value_forward
 from jaxrl_hf.workers.losses import LogProbFn, Routed, ValueFn
@@ -58,16 +59,25 @@ def response_slots(micro: Mapping[str, Array]) -> Array:
 
 
 def packed_log_prob_fn(model_config: DecoderConfig, mesh: Any = None, rules: Any = None,
-                       chunk_size: int = 128, with_routing: bool = False) -> LogProbFn:
+                       chunk_size: int = 128, with_routing: bool = False, record_routing: bool = False) -> LogProbFn:
     """``fn(params, micro, temperature) -> (log_prob, entropy)`` ``[D·r, R]`` on a packed micro-batch: the
     decoder over the packed sequences, the final hidden states gathered to the response slots, then the LM head
-    and log-softmax(logits / T) of ``micro["responses"]`` as in `jaxrl_hf.workers.losses.response_log_probs`."""
+    and log-softmax(logits / T) of ``micro["responses"]`` as in `jaxrl_hf.workers.losses.response_log_probs`.
+    ``with_routing`` / ``record_routing`` and ``pack_routed_experts [D, L, layers, k]`` (routing replay, packed
+    by `jaxrl_hf.workers.packing.pack_per_token`): as `jaxrl_hf.workers.losses.lm_log_prob_fn`'s, the recorded
+    experts returned in the padded layout ``[D·r, T, layers, k]``."""
     def fn(params: Any, micro: Mapping[str, Array], temperature: float) -> tuple:
         config = packed_config(model_config, micro)
-        hidden, routing = hidden_states_and_routing(params, config, *_packed_inputs(micro), mesh, rules) \
-            if with_routing else (hidden_states(params, config, *_packed_inputs(micro), mesh, rules), None)
+        given = micro.get("pack_routed_experts")
+        replay = None if given is None else routed_experts_by_layer(given)
+        hidden, routing = hidden_states_and_routing(params, config, *_packed_inputs(micro), mesh, rules, replay) \
+            if with_routing or record_routing else \
+            (hidden_states(params, config, *_packed_inputs(micro), mesh, rules, replay), None)
         h = gather_response_positions(hidden, response_slots(micro))
         out = lm_head_log_probs(params, model_config, h, micro["responses"], temperature, chunk_size, True)
+        if record_routing:
+            by_token = routed_experts_by_token(routing[1], micro["pack_input_ids"].shape[0])  # [D, L, layers, k]
+            return (*out, gather_response_positions(by_token, micro["pack_rows"]))
         return out if routing is None else (*out, Routed(*routing, (micro["pack_segment_ids"] > 0).reshape(-1)))
     return fn
 

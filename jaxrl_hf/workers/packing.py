@@ -165,6 +165,24 @@ def scatter_rows(outputs: np.ndarray, slots: np.ndarray, num_rows: int) -> np.nd
     return out
 
 
+def pack_per_token(per_token: np.ndarray, attention_mask: np.ndarray, slots: np.ndarray, length: int) -> np.ndarray:
+    """A per-token column ``[B, T, ...]`` in the packed layout of `pack_tokens` (the same slots and length):
+    ``[M, D, length, ...]``, each row's valid tokens at its cursor, zeros elsewhere."""
+    per_token, valid = np.asarray(per_token), np.asarray(attention_mask) != 0
+    m, d, _ = slots.shape
+    out = np.zeros((m, d, length, *per_token.shape[2:]), per_token.dtype)
+    for mi in range(m):
+        for di in range(d):
+            cursor = 0
+            for row in slots[mi, di]:
+                if row == EMPTY:
+                    continue
+                cols = np.flatnonzero(valid[row])
+                out[mi, di, cursor:cursor + len(cols)] = per_token[row, cols]
+                cursor += len(cols)
+    return out
+
+
 def packed_loads(lengths: np.ndarray, slots: np.ndarray) -> np.ndarray:
     """Tokens per (micro-batch, device) ``[M, D]``."""
     lengths = np.append(np.asarray(lengths, np.int64), 0)  # index -1 (empty) reads the appended 0
