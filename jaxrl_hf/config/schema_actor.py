@@ -55,7 +55,8 @@ class RouterReplayConfig:
     """``disabled``; ``R2``: replay the routing of the old-policy forward (``actor.compute_log_prob`` records it as
     the ``routed_experts`` column) in every update pass, so the routing stays that of π_old over the mini-batches
     and epochs of a step (a step that skips the old-policy pass, `skip_old_log_prob_when_on_policy`, needs none);
-    ``R3``: replay the rollout engine's routing (refused: no engine here returns it yet)."""
+    ``R3``: replay the rollout engine's routing (the native engine records it: ``rollout.name=jax``, single-turn
+    loops, one process) in the old-policy forward and the update."""
 
 
 @dataclass

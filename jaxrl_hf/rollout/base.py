@@ -65,12 +65,14 @@ class GenerationOutput:
     response_mask: np.ndarray    # [B*n, max_new] int32, 1 up to and including the stop token
     log_probs: np.ndarray        # [B*n, max_new] float32 sampler log-probs, 0 where the mask is 0
     finish_reason: list[str]     # "stop" (hit a stop token) or "length"
+    routed_experts: np.ndarray | None = None  # [B*n, P + max_new, layers, k] int32: an MoE engine's routing, if kept
 
     def rows(self, start: int, stop: int) -> "GenerationOutput":
         """Rows ``start:stop`` (views)."""
         return GenerationOutput(self.prompt_ids[start:stop], self.prompt_mask[start:stop],
                                 self.response_ids[start:stop], self.response_mask[start:stop],
-                                self.log_probs[start:stop], list(self.finish_reason[start:stop]))
+                                self.log_probs[start:stop], list(self.finish_reason[start:stop]),
+                                None if self.routed_experts is None else self.routed_experts[start:stop])
 
     @property
     def response_lengths(self) -> np.ndarray:

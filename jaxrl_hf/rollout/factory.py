@@ -15,7 +15,7 @@ def make_rollout_engine(name: str, *, config: DecoderConfig, params: Any, pad_to
                         eos_token_ids: Sequence[int] = (), mesh: Any = None, rules: Any = None,
                         model_dir: str | None = None, tokenizer_dir: str | None = None,
                         options: Mapping[str, Any] | None = None, tp_group: Any = None,
-                        cpu_backend: str = "auto") -> RolloutEngine:
+                        cpu_backend: str = "auto", record_routing: bool = False) -> RolloutEngine:
     """``'jax'`` -> ``JaxGenerationEngine``; ``'vllm'`` -> ``VllmRolloutEngine`` (both a `RolloutEngine`:
     ``set_params``, ``generate``, ``sleep``, ``engine_name``).
 
@@ -27,16 +27,21 @@ def make_rollout_engine(name: str, *, config: DecoderConfig, params: Any, pad_to
     ``tensor_parallel_size > 1``, this process's rank (`jaxrl_hf.rollout.vllm_tp.TensorParallelGroup`). ``model_dir`` /
     ``tokenizer_dir`` are only used by vLLM (its config.json; tokenizer files copied along). ``cpu_backend``
     (``model.cpu_backend``): ``off`` runs the native engine with XLA's ops and the scanned layer loop only.
+    ``record_routing`` (the native engine, a mixture-of-experts model): keep each token's experts
+    (``GenerationOutput.routed_experts``, routing replay R3).
     """
     if name == "jax":
         if tp_group is not None:
             raise ValueError("rollout.name=jax takes no vLLM TP group")
         if options:
             raise ValueError(f"rollout.name=jax takes no vLLM options; got {sorted(options)}")
-        off = {"unroll_layers": False, "cpu_kernels": False} if cpu_backend == "off" else {}
+        off = {"unroll_layers": False, "cpu_kernels": False} if cpu_backend == "off" or record_routing else {}
         return JaxGenerationEngine(config, params, pad_token_id=pad_token_id, eos_token_ids=eos_token_ids,
-                                   mesh=mesh, rules=rules, **off)
+                                   mesh=mesh, rules=rules, record_routing=record_routing, **off)
     if name == "vllm":
+        if record_routing:
+            raise ValueError("vLLM returns its routing (routed_experts) only with its model runner V2, which needs "
+                             "Triton and a GPU; not wired here")
         from jaxrl_hf.rollout.vllm_engine import VllmOptions, VllmRolloutEngine
 
         opts = VllmOptions.from_mapping(options)  # option errors before the (slow) vLLM import

@@ -83,23 +83,34 @@ def _store_kv(module: CausalLM, cache: dict, new_kv: dict, index: Any) -> dict:
     return jax.tree.map(lambda c: _constrain(module, c, KV_CACHE_LOGICAL_AXES), write_kv_cache(cache, new_kv, index))
 
 
+def _routed_apply(module: CausalLM, params: Any, *args: Any, record: bool) -> tuple:
+    """``hidden_states_and_new_kv`` of a stacked tree, and with ``record`` the experts each MoE layer chose for each
+    token, ``[layers, B·T, k]`` (``-1`` in a dense layer; `jaxrl_hf.models.llama.DecoderLayer`), else None."""
+    if not record:
+        return module.apply({"params": params}, *args, method=CausalLM.hidden_states_and_new_kv), None
+    out, state = module.apply({"params": params}, *args, method=CausalLM.hidden_states_and_new_kv,
+                              mutable=["intermediates"])
+    return out, state["intermediates"]["model"]["layers"]["router_experts"][0]
+
+
 def decode_step(params: Any, cache: Any, full_mask: jnp.ndarray, tokens: jnp.ndarray, positions: jnp.ndarray,
-                index: Any, *, module: CausalLM) -> tuple[jnp.ndarray, Any]:
+                index: Any, *, module: CausalLM, record: bool = False) -> tuple:
     """One decode step: ``tokens [B]`` at ``positions [B]`` go into cache slot ``index``; returns the next-token
     logits ``[B, vocab]`` (float32) and the updated cache. ``full_mask [B, S]`` marks the valid cache slots
     (prompt mask, then ones for the generated slots). The body of the engine's decode loop.
 
     ``params`` / ``cache`` are a `CausalLM` tree and a stacked cache, or `layer_unrolled.split_layers` weights and
-    per-layer caches (a tuple: the layers unrolled, each cache written in place before it is read)."""
+    per-layer caches (a tuple: the layers unrolled, each cache written in place before it is read). ``record`` (a
+    stacked tree): a third output, the experts of each row's token, ``[layers, B, k]``."""
     if isinstance(cache, tuple):
         hidden, cache = layer_unrolled.hidden_states(module, params, tokens[:, None], positions[:, None], full_mask,
                                                      cache, index, store=True)
         cache = tuple(_constrain_layer_cache(module, c) for c in cache)
         return _logits(module, params[0], hidden)[:, 0], cache
-    hidden, new_kv = module.apply({"params": params}, tokens[:, None], positions[:, None], full_mask, cache, index,
-                                  method=CausalLM.hidden_states_and_new_kv)
+    (hidden, new_kv), experts = _routed_apply(module, params, tokens[:, None], positions[:, None], full_mask, cache,
+                                              index, record=record)
     cache = _store_kv(module, cache, new_kv, index)
-    return _logits(module, params, hidden)[:, 0], cache
+    return (_logits(module, params, hidden)[:, 0], cache) + ((experts,) if record else ())
 
 
 def _logits(module: CausalLM, params: Any, hidden: jnp.ndarray) -> jnp.ndarray:
@@ -107,9 +118,10 @@ def _logits(module: CausalLM, params: Any, hidden: jnp.ndarray) -> jnp.ndarray:
 
 
 def _prefill(params: Any, cache: Any, ids: jnp.ndarray, mask: jnp.ndarray, full_mask: jnp.ndarray, *,
-             module: CausalLM, config: DecoderConfig, share: int, batch: int) -> tuple[jnp.ndarray, Any]:
+             module: CausalLM, config: DecoderConfig, share: int, batch: int, record: bool = False) -> tuple:
     """The prompts' last hidden states' logits ``[rows, vocab]`` and ``cache`` with their keys/values written at
-    slot 0, each prompt's copied to its ``share`` rows (``cache`` stacked, or per layer with unrolled weights)."""
+    slot 0, each prompt's copied to its ``share`` rows (``cache`` stacked, or per layer with unrolled weights).
+    ``record`` (stacked): a third output, the prompt tokens' experts ``[layers, rows, P, k]`` (per row)."""
     positions = default_positions(mask)
     repeat = lambda kv: jax.tree.map(lambda a: _repeat_rows(a, share, batch, axis=a.ndim - 4), kv)  # noqa: E731
     if isinstance(cache, tuple):
@@ -119,9 +131,13 @@ def _prefill(params: Any, cache: Any, ids: jnp.ndarray, mask: jnp.ndarray, full_
         return _logits(module, params[0], hidden[:, -1:])[:, 0], cache
     prefill_cache = cache if share == 1 else init_kv_cache(config, ids.shape[0], cache["k"].shape[3],
                                                           cache["k"].dtype)
-    hidden, new_kv = module.apply({"params": params}, ids, positions, full_mask, prefill_cache, 0,
-                                  method=CausalLM.hidden_states_and_new_kv)
-    return _logits(module, params, hidden[:, -1:])[:, 0], _store_kv(module, cache, repeat(new_kv), 0)
+    (hidden, new_kv), experts = _routed_apply(module, params, ids, positions, full_mask, prefill_cache, 0,
+                                              record=record)
+    out = _logits(module, params, hidden[:, -1:])[:, 0], _store_kv(module, cache, repeat(new_kv), 0)
+    if not record:
+        return out
+    layers, _, k = experts.shape
+    return out + (_repeat_rows(experts.reshape(layers, ids.shape[0], ids.shape[1], k), share, batch, axis=1),)
 
 
 def _repeat_rows(x: jnp.ndarray, share: int, rows: int, axis: int = 0) -> jnp.ndarray:
@@ -136,8 +152,10 @@ def _generate_program(params: Any, prompt_ids: jnp.ndarray, prompt_mask: jnp.nda
                       config: DecoderConfig, max_new: int, top_k: int, use_top_p: bool, greedy: bool,
                       logprobs_mode: str, stop_ids: tuple[int, ...], pad_id: int, cache_dtype: str,
                       share: int = 1, unrolled: bool = False, keys_transposed: bool = False,
-                      cpu_kernels: bool = False) -> tuple:
-    """Prefill + decode loop (pure; jitted by the engine). Returns (tokens, mask, logprobs, stopped).
+                      cpu_kernels: bool = False, record_routing: bool = False) -> tuple:
+    """Prefill + decode loop (pure; jitted by the engine). Returns (tokens, mask, logprobs, stopped), and with
+    ``record_routing`` (a mixture-of-experts model, stacked layers) the experts of every prompt and generated token,
+    ``[rows, P + max_new, layers, k]`` (a token's entry is the routing of the step that read it).
 
     ``share`` > 1: ``prompt_ids`` holds each prompt once and the ``row_valid.shape[0]`` rows are its ``share``
     samples in a row; the prompt is prefilled once and its keys/values and first-token logits are copied to its
@@ -156,8 +174,8 @@ def _generate_program(params: Any, prompt_ids: jnp.ndarray, prompt_mask: jnp.nda
     prompt_rows = prompt_ids.shape[0]
     prefill_mask = jnp.concatenate([prompt_mask.astype(jnp.int32), jnp.ones((prompt_rows, max_new), jnp.int32)],
                                    axis=1)
-    logits, cache = _prefill(params, cache, prompt_ids, prompt_mask, prefill_mask, module=module, config=config,
-                             share=share, batch=batch)
+    logits, cache, *prompt_experts = _prefill(params, cache, prompt_ids, prompt_mask, prefill_mask, module=module,
+                                              config=config, share=share, batch=batch, record=record_routing)
     logits = _repeat_rows(logits, share, batch)
     full_mask = _repeat_rows(prefill_mask, share, batch)
     positions = default_positions(_repeat_rows(prompt_mask, share, batch))
@@ -172,6 +190,9 @@ def _generate_program(params: Any, prompt_ids: jnp.ndarray, prompt_mask: jnp.nda
         pos=positions[:, -1] + 1, cache=cache,
         out_tokens=jnp.full((batch, max_new), pad_id, jnp.int32), out_mask=jnp.zeros((batch, max_new), jnp.int32),
         out_logp=jnp.zeros((batch, max_new), jnp.float32), stopped=jnp.zeros((batch,), bool))
+    if record_routing:
+        layers, k = config.num_hidden_layers, config.num_experts_per_tok
+        state["out_experts"] = jnp.zeros((layers, batch, max_new, k), jnp.int32)
 
     def body(s: dict, full_mask: jnp.ndarray) -> dict:
         step, token = s["step"], s["token"]
@@ -181,19 +202,26 @@ def _generate_program(params: Any, prompt_ids: jnp.ndarray, prompt_mask: jnp.nda
         out_mask = s["out_mask"].at[:, step].set(emit.astype(jnp.int32))
         out_logp = s["out_logp"].at[:, step].set(jnp.where(emit, s["logp"], 0.0))
         feed = jnp.where(emit, token, pad_id)
-        next_logits, new_cache = decode_step(params, s["cache"], full_mask, feed, s["pos"], prompt_len + step,
-                                             module=module)
+        next_logits, new_cache, *experts = decode_step(params, s["cache"], full_mask, feed, s["pos"],
+                                                       prompt_len + step, module=module, record=record_routing)
         next_token, next_logp = sample(step_keys(step + 1), next_logits)
-        return dict(step=step + 1, token=next_token, logp=next_logp, done=s["done"] | hit_stop, pos=s["pos"] + 1,
-                    cache=new_cache, out_tokens=out_tokens, out_mask=out_mask, out_logp=out_logp,
-                    stopped=s["stopped"] | hit_stop)
+        new = dict(step=step + 1, token=next_token, logp=next_logp, done=s["done"] | hit_stop, pos=s["pos"] + 1,
+                   cache=new_cache, out_tokens=out_tokens, out_mask=out_mask, out_logp=out_logp,
+                   stopped=s["stopped"] | hit_stop)
+        if record_routing:  # the token fed at this step is response token `step`
+            new["out_experts"] = s["out_experts"].at[:, :, step].set(experts[0])
+        return new
 
     for phase, end in enumerate(ends):  # unrolled: each phase attends over the slots its last step can fill
         if phase:
             state["cache"] = tuple(layer_unrolled.grow_cache(c, prompt_len + end) for c in state["cache"])
         state = jax.lax.while_loop(lambda s, end=end: (s["step"] < end) & ~jnp.all(s["done"]),
                                    partial(body, full_mask=full_mask[:, :prompt_len + end]), state)
-    return state["out_tokens"], state["out_mask"], state["out_logp"], state["stopped"]
+    out = state["out_tokens"], state["out_mask"], state["out_logp"], state["stopped"]
+    if not record_routing:
+        return out
+    experts = jnp.concatenate([prompt_experts[0], state["out_experts"]], axis=2)  # [layers, rows, P + max_new, k]
+    return out + (jnp.transpose(experts, (1, 2, 0, 3)),)
 
 
 def _program_form(params: Any, *, layers: int, panels: bool) -> tuple:
@@ -230,9 +258,15 @@ class JaxGenerationEngine:
                  length_buckets: Sequence[int] = DEFAULT_LENGTH_BUCKETS,
                  batch_buckets: Sequence[int] = DEFAULT_BATCH_BUCKETS, cache_dtype: str | None = None,
                  cast_weights: bool | None = None, cache_as_bits: bool | None = None,
-                 unroll_layers: bool | None = None, cpu_kernels: bool | None = None) -> None:
+                 unroll_layers: bool | None = None, cpu_kernels: bool | None = None,
+                 record_routing: bool = False) -> None:
         if (mesh is None) != (rules is None):
             raise ValueError("JaxGenerationEngine: pass both mesh and rules, or neither")
+        if record_routing and (not config.is_moe or unroll_layers):
+            raise ValueError("JaxGenerationEngine(record_routing=True) needs a mixture-of-experts model and the "
+                             "stacked decode loop (unroll_layers off)")
+        self.record_routing = bool(record_routing)  # GenerationOutput.routed_experts (routing replay R3)
+        unroll_layers = False if record_routing else unroll_layers
         # Decoding keeps the layer loop whatever model.scan_layers says for training: an unrolled f32 decode
         # step ran at 0.53x the scanned one's tokens/s here (bench_layer_loop.py (removed; docs/perf_log/2026-11.md)).
         config = dataclasses.replace(config, scan_layers=True)
@@ -277,7 +311,7 @@ class JaxGenerationEngine:
             return _generate_program(*args, **kwargs)
 
         statics = ("module", "config", "max_new", "top_k", "use_top_p", "greedy", "logprobs_mode", "stop_ids",
-                   "pad_id", "cache_dtype", "share", "unrolled", "keys_transposed", "cpu_kernels")
+                   "pad_id", "cache_dtype", "share", "unrolled", "keys_transposed", "cpu_kernels", "record_routing")
         self._program = jax.jit(program, static_argnames=statics)
 
         def keyed_program(params: Any, ids: Any, mask: Any, valid: Any, key_data: Any, *args: Any,
@@ -371,19 +405,20 @@ class JaxGenerationEngine:
         base = jax.random.key(sampling.seed)
         row_keys = jax.vmap(jax.random.fold_in, (None, 0))(base, jnp.arange(batch))
         stop_ids, temperature = self._stop_ids(sampling), self._temperature(sampling)
-        tokens, out_mask, logp, stopped = self._program(
+        tokens, out_mask, logp, stopped, *routed = self._program(
             self._program_params(), self._place_batch(ids_b), self._place_batch(mask_b), self._place_batch(valid),
             row_keys, jnp.float32(temperature), jnp.float32(sampling.top_p), module=self._module,
             config=self.config, max_new=int(sampling.max_new_tokens), top_k=int(sampling.top_k),
             use_top_p=sampling.top_p < 1.0, greedy=sampling.is_greedy, logprobs_mode=sampling.logprobs_mode,
             stop_ids=stop_ids, pad_id=self.pad_token_id, cache_dtype=self._cache_storage, share=share,
             unrolled=self.unroll_layers, keys_transposed=self.keys_transposed,
-            cpu_kernels=self.cpu_kernels)
-        tokens, out_mask, logp, stopped = jax.device_get((tokens, out_mask, logp, stopped))
+            cpu_kernels=self.cpu_kernels, record_routing=self.record_routing)
+        tokens, out_mask, logp, stopped, *routed = jax.device_get((tokens, out_mask, logp, stopped, *routed))
         return GenerationOutput(
             prompt_ids=ids, prompt_mask=mask, response_ids=np.asarray(tokens[:rows]),
             response_mask=np.asarray(out_mask[:rows]), log_probs=np.asarray(logp[:rows], np.float32),
-            finish_reason=["stop" if s else "length" for s in stopped[:rows]])
+            finish_reason=["stop" if s else "length" for s in stopped[:rows]],
+            routed_experts=np.asarray(routed[0][:rows]) if routed else None)
 
     # ------------------------------------------------------------------------------------------
     def _prefill_share(self, n: int, batch: int) -> int:

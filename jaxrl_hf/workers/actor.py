@@ -152,10 +152,11 @@ class ActorRolloutRefWorker(Worker):
         train_config = pair_matmul.training_config(config, self.mesh, self.config.model.cpu_backend)  # update, log-probs
         self.log_prob_fn = lm_log_prob_fn(train_config, self.mesh, self.rule_set.activations)
         self.packed_log_prob_fn = packed_log_prob_fn(train_config, self.mesh, self.rule_set.activations)
-        self.replay_routing = check_router_replay(self.config.actor.router_replay.mode, config)
+        self.replay_routing = check_router_replay(self.config.actor.router_replay.mode, config, self.engine_name,
+                                                  self.config.rollout.loop, self.dp_processes)
         self.recording_fns = {packed: make(train_config, self.mesh, self.rule_set.activations, record_routing=True)
                               for packed, make in ((False, lm_log_prob_fn), (True, packed_log_prob_fn))} \
-            if self.replay_routing else {}
+            if self.replay_routing == "R2" else {}
         self.shared_prompt = SharedPromptForward(train_config, self.config.actor.share_prompt_forward,
                                                  self.config.rollout.n, self.train.sp, self.mesh,
                                                  self.rule_set.activations, self.config.model.use_remove_padding)
@@ -240,7 +241,8 @@ class ActorRolloutRefWorker(Worker):
                                          pad_token_id=self.model.pad_token_id, eos_token_ids=self.model.eos_token_ids,
                                          mesh=mesh, rules=rules, model_dir=self.model.path,
                                          tokenizer_dir=self.model.path, options=self._engine_options(),
-                                         tp_group=self._tp_group(), cpu_backend=self.config.model.cpu_backend)
+                                         tp_group=self._tp_group(), cpu_backend=self.config.model.cpu_backend,
+                                         record_routing=self.replay_routing == "R3")
         except ValueError as err:
             raise WorkerConfigError(f"rollout.name={self.engine_name!r}: {err}") from err
         if getattr(engine, "multi_process", False):  # native engine over several processes: rows by dp rank
@@ -355,15 +357,20 @@ class ActorRolloutRefWorker(Worker):
                     self.rule_set.activations, with_routing=True)
 
     def _log_probs(self, params: Any, batch: Batch, temperature: float, batching: MicroBatching,
-                   record_routing: bool = False) -> tuple[np.ndarray, ...]:
+                   record_routing: bool = False, replay_routing: bool = False) -> tuple[np.ndarray, ...]:
         """``(log_prob, entropy)`` ``[B, R]`` (0 outside ``response_mask``); ``record_routing``: ``+ (routed
-        experts [B, P+R, layers, k],)`` (`jaxrl_hf.workers.routing_replay`)."""
+        experts [B, P+R, layers, k],)``; ``replay_routing``: routed by the batch's ``routed_experts``
+        (`jaxrl_hf.workers.routing_replay`)."""
         for key in LOG_PROB_INPUTS:
             if key not in batch:
                 raise KeyError(f"log-prob computation: Batch has no {key!r}; columns: {batch.keys()}")
-        arrays = pad_sequences_to({k: batch[k] for k in (*LOG_PROB_INPUTS, "response_mask") if k in batch},
+        replayed = (ROUTED_EXPERTS,) if replay_routing else ()
+        if replayed and ROUTED_EXPERTS not in batch:
+            raise KeyError(f"log-prob computation: actor.router_replay.mode=R3 replays the rollout's routing, but the "
+                           f"Batch has no {ROUTED_EXPERTS!r} (the rollout engine records it); columns: {batch.keys()}")
+        arrays = pad_sequences_to({k: batch[k] for k in (*LOG_PROB_INPUTS, "response_mask", *replayed) if k in batch},
                                   self.train.sp)
-        shared = (not batching.dynamic and not record_routing
+        shared = (not batching.dynamic and not record_routing and not replayed
                   and self.shared_prompt.applies(arrays, batching.rows_per_device))
         fn = self.recording_fns[batching.remove_padding] if record_routing else self._forward_fn(batching)
         program = functools.partial(log_probs_program, log_prob_fn=self.shared_prompt.log_prob_fn if shared else fn)
@@ -388,7 +395,8 @@ class ActorRolloutRefWorker(Worker):
         if not self.has_actor:
             raise RuntimeError("role 'ref' has no actor; call compute_ref_log_prob")
         logp, ent, *routed = self._log_probs(self.policy_params(), batch, self._temperature(batch.meta_info),
-                                             self.batching["log_prob"], record_routing=self.replay_routing)
+                                             self.batching["log_prob"], record_routing=self.replay_routing == "R2",
+                                             replay_routing=self.replay_routing == "R3")
         return Batch.from_dict({"old_log_probs": logp, "entropys": ent, **dict(zip((ROUTED_EXPERTS,), routed))})
 
     @register(dispatch=Dispatch.MESH_DP)
@@ -426,10 +434,10 @@ class ActorRolloutRefWorker(Worker):
         if missing:
             raise KeyError(f"update_actor: Batch lacks {missing} (needed by this actor config, {plan.num_minibatches} "
                            f"mini-batch(es) x {plan.epochs} epoch(s)); columns: {batch.keys()}")
-        if self.replay_routing and not one_step and ROUTED_EXPERTS not in batch:
-            raise KeyError(f"update_actor: actor.router_replay.mode=R2 replays the old-policy forward's routing, "
-                           f"but the Batch has no {ROUTED_EXPERTS!r} (actor.compute_log_prob records it); columns: "
-                           f"{batch.keys()}")
+        if ROUTED_EXPERTS not in batch and (self.replay_routing == "R3" or self.replay_routing and not one_step):
+            source = "the rollout engine" if self.replay_routing == "R3" else "actor.compute_log_prob"
+            raise KeyError(f"update_actor: actor.router_replay.mode={self.replay_routing} replays recorded routing, "
+                           f"but the Batch has no {ROUTED_EXPERTS!r} ({source} records it); columns: {batch.keys()}")
         replayed = (ROUTED_EXPERTS,) if self.replay_routing and ROUTED_EXPERTS in batch else ()
         arrays = {k: np.asarray(batch[k]) for k in (*self.loss_cfg.required_keys(), *replayed) if k in batch}
         pad = int(batch.meta_info.get(PAD_ROWS_KEY, 0))

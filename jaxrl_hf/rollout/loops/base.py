@@ -38,7 +38,7 @@ import numpy as np
 
 from jaxrl_hf.controller.batch import Batch
 from jaxrl_hf.registry import Registry
-from jaxrl_hf.rollout.base import RolloutEngine, SamplingParams
+from jaxrl_hf.rollout.base import GenerationOutput, RolloutEngine, SamplingParams
 
 ROLLOUT_LOOPS: Registry[Callable[[], "RolloutLoop"]] = Registry("rollout loop")
 
@@ -130,14 +130,28 @@ def follow_up_sampling(sampling: SamplingParams, turn: int, **changes: Any) -> S
     return dataclasses.replace(sampling, **{"n": 1, "seed": seed, **changes})
 
 
+def engine_routing_columns(request: RolloutRequest, out: GenerationOutput) -> np.ndarray:
+    """``out.routed_experts`` (the engine's prompt layout, then the responses) in the request's columns: each row's
+    prompt tokens' experts at that row's prompt columns (0 at padding), then the responses' ``[B*n, P+R, layers, k]``."""
+    routed, engine_mask = np.asarray(out.routed_experts), np.asarray(out.prompt_mask) != 0
+    engine_width = engine_mask.shape[1]
+    request_mask = np.repeat(np.asarray(request.prompt_mask) != 0, request.n, axis=0)
+    prompt = np.zeros((routed.shape[0], request_mask.shape[1], *routed.shape[2:]), np.int32)
+    for row in range(routed.shape[0]):
+        prompt[row, np.flatnonzero(request_mask[row])] = routed[row, np.flatnonzero(engine_mask[row])]
+    return np.concatenate([prompt, routed[:, engine_width:]], axis=1).astype(np.int32)
+
+
 def sequence_columns(request: RolloutRequest, responses: np.ndarray, response_mask: np.ndarray,
                      rollout_log_probs: np.ndarray, response_attention_mask: np.ndarray | None = None,
-                     meta_info: Mapping[str, Any] | None = None) -> RolloutResult:
+                     meta_info: Mapping[str, Any] | None = None,
+                     routed_experts: np.ndarray | None = None) -> RolloutResult:
     """The output rows (module docstring) from ``[B*n, R]`` responses, their loss mask and sampler log-probs.
 
     ``response_attention_mask``: 1 on every real response token (sampled or observed); defaults to
-    ``response_mask`` (single turn: every real token was sampled). An input column named like a generated one
-    must hold the same values (else ``ValueError``)."""
+    ``response_mask`` (single turn: every real token was sampled). ``routed_experts [B*n, P+R, layers, k]``: the
+    rollout engine's routing (`engine_routing_columns`), kept as the ``routed_experts`` column. An input column
+    named like a generated one must hold the same values (else ``ValueError``)."""
     rows = request.num_prompts * request.n
     responses = np.asarray(responses).astype(np.int32)
     response_mask = np.asarray(response_mask).astype(np.int32)
@@ -158,6 +172,7 @@ def sequence_columns(request: RolloutRequest, responses: np.ndarray, response_ma
         "attention_mask": attention_mask,
         "position_ids": np.maximum(np.cumsum(attention_mask, axis=1) - 1, 0).astype(np.int32),
         "rollout_log_probs": np.asarray(rollout_log_probs).astype(np.float32),
+        **({} if routed_experts is None else {"routed_experts": np.asarray(routed_experts, np.int32)}),
     })
     expanded = Batch(dict(request.arrays), dict(request.objects)).repeat(n, interleave=True)
     if "uid" not in expanded:
