@@ -1,7 +1,8 @@
 """Plot a run's learning curves: ``python launch/plot.py RUN_DIR [--out FILE]``.
 
 Reads ``RUN_DIR/metrics.jsonl`` (and ``validation.jsonl``) and draws four panels vs step: reward/accuracy
-(train score, train acc, validation acc per dataset), response length, entropy, pg_clipfrac; for an SFT / DPO / PRM
+(train score, train acc, validation acc per dataset), response length, entropy, pg_clipfrac (a mixture-of-experts
+policy: also expert load and router losses); for an SFT / DPO / PRM
 run (``launch/train_sft.py``, ``train_dpo.py``, ``train_prm.py``): loss, DPO reward accuracy and margin (PRM: step
 accuracy; SFT: tokens/s), gradient norm, lr. Writes ``RUN_DIR/curves.png``
 with matplotlib's Agg backend (``--out`` may name another format matplotlib writes: ``.svg``, ``.pdf``).
@@ -30,6 +31,12 @@ FINETUNE_PANELS = [
     ("learning rate", "lr", ["train/lr"]),
 ]
 """``launch/train_sft.py`` / ``train_dpo.py`` / ``train_prm.py`` runs (no RL metrics): their own four panels."""
+MOE_PANELS = [
+    ("expert load (share of routed tokens, per layer)", "share", ["actor/moe/expert_load_max",
+                                                                   "actor/moe/expert_load_min"]),
+    ("router losses", "loss", ["actor/moe/aux_loss", "actor/moe/z_loss"]),
+]
+"""Two more panels for a mixture-of-experts policy (its ``actor/moe/*`` metrics)."""
 LABELS = {"critic/score/mean": "train score", "critic/acc/mean": "train accuracy",
           "val:acc": "validation accuracy, mean over datasets", "response_length/mean": "train batch mean",
           "actor/entropy": "policy entropy (train batch)", "actor/pg_clipfrac": "PPO-clip fraction"}
@@ -73,17 +80,20 @@ def panel_keys(keys: list[str], series: dict[str, list[tuple[float, float]]]) ->
 
 
 def draw(series: dict[str, list[tuple[float, float]]], title: str) -> Any:
-    """A 2x2 matplotlib Figure of ``PANELS`` (titles, axis labels, legends; "no data" on empty panels)."""
+    """A matplotlib Figure of ``PANELS`` (2x2; 3x2 with `MOE_PANELS`): titles, axis labels, legends; "no data" on
+    empty panels."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 2, figsize=(10, 7))
-    fig.suptitle(title)
     finetune = "train/loss" in series and "critic/score/mean" not in series
     panels = [(n, y, [k for k in keys if k != "perf/tokens_per_s" or "rewards/margins" not in series])
               for n, y, keys in FINETUNE_PANELS] if finetune else PANELS
+    if "actor/moe/expert_load_max" in series:
+        panels = panels + MOE_PANELS
+    fig, axes = plt.subplots(len(panels) // 2, 2, figsize=(10, 3.5 * (len(panels) // 2)))
+    fig.suptitle(title)
     for ax, (name, ylabel, keys) in zip(axes.flat, panels):
         drawn = 0
         for color, key in zip(COLORS, panel_keys(keys, series)):

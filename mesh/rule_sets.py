@@ -16,6 +16,8 @@ Declared here (`RULE_SETS`, `get_rule_set`):
   `rule_set_for_strategy`): replicating the params over ``tp`` would only repeat the same work there.
 * ``fsdp_tp``: ``megatron`` plus ``dp`` on the ``embed`` axis (dp minor-most, so each device's shard is a
   slice of its megatron shard).
+* ``fsdp_tp_ep``: ``fsdp_tp`` with a mixture of experts' ``expert`` axis over ``tp`` (expert parallelism: whole
+  experts per device instead of each expert split over ``tp``; the same as ``fsdp_tp`` for a dense model).
 * ``sp``, ``fsdp_sp``, ``fsdp_tp_sp``: the sequence-parallel (Ulysses) variants of the three, which the
   names above resolve to on a training mesh with an ``sp`` axis (`RuleSet.sp_variant`), derived by
   `sequence_parallel`: the data-parallel world is ``dp × sp``, so params over ``dp`` go over ``('dp','sp')``
@@ -237,6 +239,13 @@ FSDP = register_rule_set(RuleSet(
     summary="ZeRO-3 (verl's fsdp/fsdp2): params sharded over dp on embed, layers over pp, no tensor parallelism",
     tp_variant="fsdp_tp", sp_variant="fsdp_sp"))
 register_rule_set(FSDP, name="fsdp2")  # verl's spelling
+
+FSDP_TP_EP = register_rule_set(RuleSet(
+    "fsdp_tp_ep",
+    params=(("expert", "tp"), *FSDP_TP.params),
+    activations=(("expert", "tp"), *MEGATRON.activations),
+    summary="fsdp_tp with expert parallelism over tp: each tp device holds E/tp whole experts of every MoE layer "
+            "(their other dims ZeRO-3 over dp) and computes them for its tokens (`jaxrl_hf.models.expert_parallel`)"))
 
 SP = register_rule_set(sequence_parallel(
     MEGATRON, "sp", "megatron with Ulysses sequence parallelism: activations' sequence (heads inside attention) "

@@ -34,7 +34,8 @@ PARAM_AXIS_NAMES = ("vocab", "embed", "mlp", "heads", "kv_heads", "head_dim", "l
 ACTIVATION_AXIS_NAMES = ("batch", "length")
 REPLICATED_UNLESS_RULED = ("expert",)
 """Logical names replicated under a rule set with no rule for them (instead of an error): the ``expert`` axis of
-MoE parameters (`jaxrl_hf.models.moe`), which no built-in rule set splits yet. Dense models have none of them."""
+MoE parameters (`jaxrl_hf.models.moe`), which only the expert-parallel rule sets (``fsdp_tp_ep``) split. Dense
+models have none of them."""
 
 
 def is_logical_leaf(x: Any) -> bool:

@@ -330,8 +330,8 @@ def test_strategy_selects_the_rule_set():
     assert _rule_set({"critic": {"strategy": "fsdp"}}, "critic", tp_sp) is FSDP_TP_SP
     assert _rule_set({"actor": {"strategy": "fsdp_sp"}}, "actor", tp_sp) is FSDP_TP_SP
     with pytest.raises(WorkerConfigError, match=r"actor.strategy='zero9': unknown sharding rule set 'zero9'; "
-                                                r"valid names: \['fsdp', 'fsdp2', 'fsdp_sp', 'fsdp_tp', 'fsdp_tp_sp', "
-                                                r"'megatron', 'sp'\]"):
+                                                r"valid names: \['fsdp', 'fsdp2', 'fsdp_sp', 'fsdp_tp', 'fsdp_tp_ep', "
+                                                r"'fsdp_tp_sp', 'megatron', 'sp'\]"):
         _rule_set({"actor": {"strategy": "zero9"}}, "actor", one)
     with pytest.raises(WorkerConfigError, match=r"critic.strategy='sp': rule set 'sp' shards over mesh axes \['sp'\]"):
         _rule_set({"critic": {"strategy": "sp"}}, "critic", one)
@@ -344,7 +344,7 @@ def test_strategy_is_a_config_key():
     for key in ("actor_rollout_ref.actor.strategy", "critic.strategy"):  # validated from RULE_SETS with the config
         with pytest.raises(ConfigError, match=r"'(actor|critic)\.strategy'='zero9': not a registered sharding rule "
                                               r"set; valid names: \['fsdp', 'fsdp2', 'fsdp_sp', 'fsdp_tp', "
-                                              r"'fsdp_tp_sp', 'megatron', 'sp'\]"):
+                                              r"'fsdp_tp_ep', 'fsdp_tp_sp', 'megatron', 'sp'\]"):
             load_config("ppo", overrides=[f"{key}=zero9"])
 
 

@@ -182,3 +182,17 @@ def test_kv_cache_decode_unrolled_layers_and_gradients(variant="mlp_only_1"):
     g = grads["model"]["layers"]["moe"]
     assert all(bool(jnp.all(jnp.isfinite(leaf))) for leaf in jax.tree.leaves(g))
     assert float(jnp.abs(g["gate_proj"]["kernel"]).sum()) > 0 and float(jnp.abs(g["router"]["kernel"]).sum()) > 0
+
+
+@pytest.mark.parametrize("variant", ["all_sparse", "mlp_only_1"])
+def test_parameter_counts_total_as_transformers_and_active_for_the_mfu(tmp_path, variant):
+    from jaxrl_hf.workers.peak_flops import mfu_summary
+
+    hf = _hf_model(tmp_path, **VARIANTS[variant])
+    config, params = load_hf_dir(tmp_path)
+    assert config.num_params() == hf.num_parameters()
+    e, k, m = TINY["hidden_size"], TINY["num_experts_per_tok"], TINY["moe_intermediate_size"]
+    unused = sum(sparse for sparse in config.moe_layers) * 3 * (TINY["num_experts"] - k) * e * m
+    assert config.num_params(active=True) == hf.num_parameters() - unused
+    summary = mfu_summary(config, params, 1e12, 1)  # 6 · N_active per token, the untied input embedding left out
+    assert summary["model_params"] == config.num_params(active=True) - TINY["vocab_size"] * e

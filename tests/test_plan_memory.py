@@ -82,9 +82,11 @@ def megatron_plan(megatron_cli):
 
 def test_known_configs_match_the_published_parameter_counts(small_model):
     assert set(KNOWN_HF_CONFIGS) == {"qwen2.5-7b", "qwen2.5-32b", "llama3.1-8b", "llama3.1-70b", "qwen3-8b",
-                                     "gemma2-9b"}
+                                     "gemma2-9b", "qwen3-30b-a3b"}
     for name, count in PUBLISHED_PARAM_COUNTS.items():
         assert known_decoder_config(name).num_params() == count, name
+    moe = known_decoder_config("qwen3-30b-a3b")  # the model card: "30.5B in total and 3.3B activated"
+    assert moe.num_params() // 10**8 == 305 and moe.num_params(active=True) // 10**8 == 33
     assert known_decoder_config("Qwen2.5-7B", dtype="bfloat16").dtype == "bfloat16"
     assert known_decoder_config(small_model).hidden_size == 128
     with pytest.raises(ValueError, match="qwen2.5-7b"):

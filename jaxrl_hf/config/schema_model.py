@@ -28,6 +28,11 @@ class TinyModelConfig:
     eos_token_id: int = 2
     bos_token_id: Optional[int] = 1
     tie_word_embeddings: bool = False
+    num_experts: int = 0
+    """0: a dense Llama; > 0: a Qwen3-MoE (q/k norms, every layer sparse) with this many experts."""
+    num_experts_per_tok: int = 2
+    moe_intermediate_size: Optional[int] = None
+    """Width of one expert (default ``intermediate_size``)."""
 
 
 @dataclass

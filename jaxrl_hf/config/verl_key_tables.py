@@ -170,8 +170,9 @@ IGNORED: dict[str, str] = {
     "which is not supported (an error when set)",
 }
 
-_MOE = ("expert parallelism and Megatron's other MoE options are not supported here (a qwen3_moe policy trains with "
-        "every expert on every device of its tensor-parallel group)")
+_MOE = ("Megatron's expert-parallel groups and other MoE options are not supported here; a qwen3_moe policy splits "
+        "its experts over the tensor-parallel devices with actor.strategy=fsdp_tp_ep (EP size = placement.train.tp; "
+        "fsdp_tp splits each expert over them instead)")
 _NONE = (None, "null", "None", "none", "~")
 
 UNSUPPORTED: dict[str, tuple[str, tuple[Any, ...]]] = {

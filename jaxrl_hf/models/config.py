@@ -263,8 +263,10 @@ class DecoderConfig:
             raise ValueError(f"unknown DecoderConfig field(s) {unknown}; valid: {sorted(valid)}")
         return dataclasses.replace(self, **changes)
 
-    def num_params(self) -> int:
-        """Number of parameters of the causal LM (embedding counted once when tied)."""
+    def num_params(self, active: bool = False) -> int:
+        """Number of parameters of the causal LM (embedding counted once when tied). ``active``: those one token
+        is computed with, a mixture of experts' sparse layers counting the router and ``num_experts_per_tok`` of
+        their experts (the ``N_active`` of ``6 · N_active`` FLOPs per token)."""
         e, m, h, k, d = (self.hidden_size, self.intermediate_size, self.num_attention_heads,
                          self.num_key_value_heads, self.head_dim)
         attn = e * h * d * 2 + e * k * d * 2
@@ -275,7 +277,8 @@ class DecoderConfig:
         if self.qk_norm:
             attn += 2 * d
         layer = attn + (4 if self.is_gemma else 2) * e
-        moe = e * self.num_experts + 3 * self.num_experts * e * self.moe_intermediate_size
+        used = self.num_experts_per_tok if active else self.num_experts
+        moe = e * self.num_experts + 3 * used * e * self.moe_intermediate_size
         mlps = sum(moe if sparse else 3 * e * m for sparse in self.moe_layers)
         total = self.num_hidden_layers * layer + mlps + self.vocab_size * e + e
         if not self.tie_word_embeddings:

@@ -50,6 +50,15 @@ KNOWN_HF_CONFIGS: dict[str, dict[str, Any]] = {
         "max_window_layers": 36, "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 1000000,
         "sliding_window": None, "use_sliding_window": False, "tie_word_embeddings": False, "bos_token_id": 151643,
         "eos_token_id": 151645},
+    "qwen3-30b-a3b": {
+        "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_act": "silu",
+        "attention_bias": False, "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 6144,
+        "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+        "num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768, "norm_topk_prob": True,
+        "decoder_sparse_step": 1, "mlp_only_layers": [], "router_aux_loss_coef": 0.001,
+        "max_position_embeddings": 40960, "max_window_layers": 48, "rms_norm_eps": 1e-06, "rope_scaling": None,
+        "rope_theta": 1000000.0, "sliding_window": None, "use_sliding_window": False, "tie_word_embeddings": False,
+        "bos_token_id": 151643, "eos_token_id": 151645},
     "gemma2-9b": {
         "architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", "hidden_act": "gelu_pytorch_tanh",
         "hidden_activation": "gelu_pytorch_tanh", "vocab_size": 256000, "hidden_size": 3584,

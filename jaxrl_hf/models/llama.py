@@ -326,14 +326,14 @@ class DecoderLayer(nn.Module):
         c = self.config
         given = self.get_variable(REPLAY, "experts") if self.has_variable(REPLAY, "experts") else None
         if all(c.moe_layers):
-            y, routing = MoEBlock(c, name="moe")(h, given)
+            y, routing = MoEBlock(c, self.mesh, self.rules, name="moe")(h, given)
         else:
             if sparse is None:
                 raise ValueError("a model mixing dense and MoE layers needs the per-layer `sparse` flag")
             n = h.size // h.shape[-1]
 
             def moe(m: nn.Module, h: Array) -> tuple[Array, Routing]:
-                return MoEBlock(c, name="moe")(h, given)
+                return MoEBlock(c, m.mesh, m.rules, name="moe")(h, given)
 
             def dense(m: nn.Module, h: Array) -> tuple[Array, Routing]:
                 k = c.num_experts_per_tok

@@ -27,6 +27,7 @@ Parameter tree of `MoEBlock` (logical axes; stacked over ``layers`` by the decod
 
 from __future__ import annotations
 
+import functools
 from typing import Any, NamedTuple
 
 import flax.linen as nn
@@ -34,6 +35,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxrl_hf.models.config import DecoderConfig
+from jaxrl_hf.models.expert_parallel import expert_mesh_axes, expert_parallel_block
 from jaxrl_hf.models.stored_dtype import from_bits
 
 Array = jnp.ndarray
@@ -64,12 +66,15 @@ def route(x: Array, router: Array, top_k: int, norm_topk_prob: bool, given: Arra
     return Routing(logits, experts.astype(jnp.int32), weights.astype(x.dtype))
 
 
-def grouped_experts(x: Array, experts: Array, weights: Array, gate: Array, up: Array, down: Array) -> Array:
+def grouped_experts(x: Array, experts: Array, weights: Array, gate: Array, up: Array, down: Array,
+                    num_groups: int | None = None) -> Array:
     """``sum_j weights[n, j] · expert_{experts[n, j]}(x[n])`` for ``x [N, embed]``, each expert SwiGLU
     ``down(silu(x gate) * (x up))`` with ``gate``/``up`` ``[E, embed, mlp]`` and ``down`` ``[E, mlp, embed]``:
-    the ``N·k`` (token, choice) rows sorted by expert, three `jax.lax.ragged_dot` products, unsorted."""
+    the ``N·k`` (token, choice) rows sorted by expert, three `jax.lax.ragged_dot` products, unsorted. A choice of
+    expert ``num_groups`` (= E, the default) is dropped: it sorts last, outside every group, and adds 0
+    (`jaxrl_hf.models.expert_parallel`: the choices of another device's experts)."""
     n, k = experts.shape
-    num_experts = gate.shape[0]
+    num_experts = gate.shape[0] if num_groups is None else num_groups
     flat = experts.reshape(-1)
     order = jnp.argsort(flat, stable=True)  # rows grouped by expert, in token order within an expert
     rows = jnp.take(x, order // k, axis=0)  # [N·k, embed]
@@ -80,16 +85,21 @@ def grouped_experts(x: Array, experts: Array, weights: Array, gate: Array, up: A
         return jax.lax.ragged_dot(lhs, rhs.astype(dt), sizes, preferred_element_type=f32).astype(dt)
 
     hidden = nn.silu(grouped(rows, gate)) * grouped(rows, up)
-    out = grouped(hidden, down) * jnp.take(weights.reshape(-1), order)[:, None].astype(dt)
+    kept = (jnp.take(flat, order) < num_experts)[:, None]  # rows past every group: ragged_dot leaves them unset
+    out = jnp.where(kept, grouped(hidden, down) * jnp.take(weights.reshape(-1), order)[:, None].astype(dt), 0)
     unsorted = jnp.zeros_like(out).at[order].set(out, unique_indices=True)  # back to (token, choice) order
     return jnp.sum(unsorted.reshape(n, k, -1).astype(f32), axis=1).astype(dt)
 
 
 def moe_block(x: Array, router: Array, gate: Array, up: Array, down: Array, top_k: int,
-              norm_topk_prob: bool, given: Array | None = None) -> tuple[Array, Routing]:
-    """``(y, routing)`` of the MoE block over ``x [..., embed]`` (``y`` shaped as ``x``; ``given``: `route`'s)."""
+              norm_topk_prob: bool, given: Array | None = None, experts_fn: Any = None) -> tuple[Array, Routing]:
+    """``(y, routing)`` of the MoE block over ``x [B, T, embed]`` (``y`` shaped as ``x``; ``given``: `route`'s;
+    ``experts_fn(grouped_experts, x, experts, weights, gate, up, down)``: the experts computed another way, e.g.
+    `jaxrl_hf.models.expert_parallel.expert_parallel_block`)."""
     flat = x.reshape(-1, x.shape[-1])
     routing = route(flat, router, top_k, norm_topk_prob, given)
+    if experts_fn is not None:
+        return experts_fn(grouped_experts, x, routing.experts, routing.weights, gate, up, down), routing
     y = grouped_experts(flat, routing.experts, routing.weights, gate, up, down)
     return y.reshape(x.shape), routing
 
@@ -98,6 +108,8 @@ class MoEBlock(nn.Module):
     """The flax module of `moe_block` (parameters in the module docstring); ``__call__`` returns ``(y, routing)``."""
 
     config: DecoderConfig
+    mesh: Any = None
+    rules: Any = None
 
     @nn.compact
     def __call__(self, x: Array, given: Array | None = None) -> tuple[Array, Routing]:
@@ -109,8 +121,11 @@ class MoEBlock(nn.Module):
         up = _Kernel((n, e, m), ("expert", "embed", "mlp"), e, pdt, name="up_proj")()
         down = _Kernel((n, m, e), ("expert", "mlp", "embed"), m, pdt, name="down_proj")()
         to = lambda w: from_bits(w, dt)  # noqa: E731  (uint16 bit patterns of decode weights)
+        axes = expert_mesh_axes(self.rules) if self.mesh is not None else ()
+        experts_fn = functools.partial(expert_parallel_block, mesh=self.mesh, rules=self.rules, axes=axes) \
+            if axes else None
         return moe_block(x.astype(dt), to(router), to(gate), to(up), to(down), c.num_experts_per_tok,
-                         c.norm_topk_prob, given)
+                         c.norm_topk_prob, given, experts_fn)
 
 
 class _Kernel(nn.Module):

@@ -74,7 +74,10 @@ class LoadedModel:
 
 def tiny_decoder_config(tiny: TinyModelConfig, dtype: str, remat: str, where: str = "model.tiny",
                         attn_implementation: str = "auto") -> DecoderConfig:
-    """A small random Llama for smoke tests from ``model.tiny``."""
+    """A small random Llama (``num_experts > 0``: Qwen3-MoE) for smoke tests from ``model.tiny``."""
+    moe = dict(model_type="qwen3_moe", qk_norm=True, num_experts=tiny.num_experts,
+               num_experts_per_tok=tiny.num_experts_per_tok, norm_topk_prob=True,
+               moe_intermediate_size=tiny.moe_intermediate_size or tiny.intermediate_size) if tiny.num_experts else {}
     try:
         return DecoderConfig(
             vocab_size=tiny.vocab_size, hidden_size=tiny.hidden_size, intermediate_size=tiny.intermediate_size,
@@ -82,7 +85,7 @@ def tiny_decoder_config(tiny: TinyModelConfig, dtype: str, remat: str, where: st
             num_key_value_heads=tiny.num_kv_heads, head_dim=tiny.head_dim or tiny.hidden_size // tiny.num_heads,
             max_position_embeddings=tiny.max_position_embeddings, tie_word_embeddings=tiny.tie_word_embeddings,
             bos_token_id=tiny.bos_token_id, pad_token_id=tiny.pad_token_id, eos_token_ids=(tiny.eos_token_id,),
-            dtype=dtype, remat=remat, attn_implementation=attn_implementation)
+            dtype=dtype, remat=remat, attn_implementation=attn_implementation, **moe)
     except ValueError as err:
         raise WorkerConfigError(f"{where}: {err}") from None
 

@@ -133,10 +133,12 @@ def resolve_compute_dtype(dtype: str, accelerator: bool) -> tuple[str, str]:
 
 def mfu_summary(model_config: Any, params: Any, configured: float | None, processes_per_host: int) -> dict[str, Any]:
     """What the driver needs for ``perf/mfu/actor``: the model's matmul parameter count (the full model's, also
-    under LoRA; an untied input embedding is a lookup, left out), its layers, attention width (heads × head_dim)
+    under LoRA; an untied input embedding is a lookup, left out; a mixture of experts: the active ones), its layers, attention width (heads × head_dim)
     and the peak FLOP/s per device: the best rate the device reaches in any of `COMPUTE_DTYPES` (so an MFU is of what
     the machine can do, whichever dtype the model computes in), or ``configured``."""
     total = int(sum(x.size for x in jax.tree.leaves(params)))
+    if model_config.is_moe:  # a token runs the router and k experts of a sparse layer (and a mixed model's params
+        total = model_config.num_params(active=True)  # hold unused dense/expert leaves per layer): N_active
     lookup = 0 if model_config.tie_word_embeddings else model_config.vocab_size * model_config.hidden_size
     return {"model_params": total - lookup,  # the input embedding is a gather, not a matmul (unless tied)
             "num_layers": int(model_config.num_hidden_layers),
