@@ -155,3 +155,23 @@ def write_tiny_hf_dir(path, config: DecoderConfig, seed: int):
         json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "t1", "eos_token": "t2",
                    "pad_token": "t0"}, fh)
     return str(path)
+
+
+def left_padded_update_columns(vocab_size: int, prompt: int, response: int, pads: tuple[int, ...],
+                               early_stop: tuple[int, int] | None = None) -> dict[str, np.ndarray]:
+    """One given update batch's columns: ``len(pads)`` rows of random ids ``[rows, prompt + response]`` with row
+    ``i``'s first ``pads[i]`` columns padding, its masks and positions, ``responses``, ``response_mask`` (``early_stop
+    = (row, t)``: that row's response ends before token ``t``) and ±1, ±0.5 advantages (seeded, reproducible)."""
+    rng = np.random.default_rng(0)
+    rows = len(pads)
+    ids = rng.integers(3, vocab_size, (rows, prompt + response)).astype(np.int32)
+    mask = np.ones((rows, prompt + response), np.int32)
+    for row, pad in enumerate(pads):
+        mask[row, :pad], ids[row, :pad] = 0, 0
+    response_mask = np.ones((rows, response), np.float32)
+    if early_stop is not None:
+        response_mask[early_stop[0], early_stop[1]:] = 0
+    advantages = np.resize(np.array([1.0, -1.0, 0.5, -0.5], np.float32), rows)[:, None] * response_mask
+    return {"input_ids": ids, "attention_mask": mask,
+            "position_ids": np.maximum(np.cumsum(mask, -1) - 1, 0).astype(np.int32), "responses": ids[:, prompt:],
+            "response_mask": response_mask, "advantages": advantages}

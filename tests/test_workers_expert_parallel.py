@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding
 
-from _models_helpers import local_actor, random_params, tiny_config, write_tiny_hf_dir
+from _models_helpers import left_padded_update_columns, local_actor, random_params, tiny_config, write_tiny_hf_dir
 from jaxrl_hf.controller import Batch
 from jaxrl_hf.mesh.rule_sets import get_rule_set
 from jaxrl_hf.mesh.rules import logical_to_specs
@@ -59,20 +59,11 @@ def _batch():
     """8 left-padded rows, with the experts an unsharded forward routes them to (`routed_experts`, replayed by
     ``actor.router_replay.mode=R2``): a near tie that one layout's rounding tips the other way would move a token
     to another expert, a difference no float tolerance covers; pinned, the layouts differ by rounding only."""
-    rng = np.random.default_rng(0)
-    rows = 8
-    ids = rng.integers(3, CONFIG.vocab_size, (rows, P + R)).astype(np.int32)
-    mask = np.ones((rows, P + R), np.int32)
-    for row, pad in enumerate((0, 2, 3, 5, 1, 0, 4, 2)):
-        mask[row, :pad], ids[row, :pad] = 0, 0
-    response_mask = np.ones((rows, R), np.float32)
-    return Batch.from_dict({
-        "input_ids": ids, "attention_mask": mask, "position_ids": np.maximum(np.cumsum(mask, -1) - 1, 0).astype(np.int32),
-        "responses": ids[:, P:], "response_mask": response_mask,
-        "advantages": np.array([[1.0], [-1.0], [0.5], [-0.5]] * 2, np.float32) * response_mask,
-        "routed_experts": np.asarray(routed_experts_by_token(hidden_states_and_routing(
-            random_params(CONFIG, seed=0), CONFIG, jnp.asarray(ids), jnp.asarray(mask))[1][1], rows)),
-    }, meta_info={"global_step": 1})
+    columns = left_padded_update_columns(CONFIG.vocab_size, P, R, (0, 2, 3, 5, 1, 0, 4, 2))
+    _, (_, experts) = hidden_states_and_routing(random_params(CONFIG, seed=0), CONFIG,
+                                                jnp.asarray(columns["input_ids"]), jnp.asarray(columns["attention_mask"]))
+    columns["routed_experts"] = np.asarray(routed_experts_by_token(experts, 8))
+    return Batch.from_dict(columns, meta_info={"global_step": 1})
 
 
 def _update(model_dir, strategy, tp):

@@ -17,8 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from _models_helpers import (DP4_TP2_PLACEMENT, local_actor, random_params, random_prompts, tiny_config,
-                             write_tiny_hf_dir)
+from _models_helpers import (DP4_TP2_PLACEMENT, left_padded_update_columns, local_actor, random_params,
+                             random_prompts, tiny_config, write_tiny_hf_dir)
 from jaxrl_hf.controller import Batch
 from jaxrl_hf.models.forward import (hidden_states, hidden_states_and_routing, routed_experts_by_layer,
                                      routed_experts_by_token)
@@ -65,19 +65,8 @@ def model_dir(tmp_path_factory):
 
 
 def _batch():
-    rng = np.random.default_rng(0)
-    rows = 4
-    ids = rng.integers(3, CONFIG.vocab_size, (rows, P + R)).astype(np.int32)
-    mask = np.ones((rows, P + R), np.int32)
-    for row, pad in enumerate((0, 2, 3, 5)):  # left-padded prompts of 6, 4, 3 and 1 tokens
-        mask[row, :pad], ids[row, :pad] = 0, 0
-    response_mask = np.ones((rows, R), np.float32)
-    response_mask[1, 3:] = 0
-    return Batch.from_dict({
-        "input_ids": ids, "attention_mask": mask, "position_ids": np.maximum(np.cumsum(mask, -1) - 1, 0).astype(np.int32),
-        "responses": ids[:, P:], "response_mask": response_mask,
-        "advantages": np.array([[1.0], [-1.0], [0.5], [-0.5]], np.float32) * response_mask,
-    }, meta_info={"global_step": 1})
+    columns = left_padded_update_columns(CONFIG.vocab_size, P, R, (0, 2, 3, 5), early_stop=(1, 3))
+    return Batch.from_dict(columns, meta_info={"global_step": 1})
 
 
 def _actor(model_dir, packed, mode="R2", epochs=1):
