@@ -30,6 +30,7 @@ import numpy as np
 from jaxrl_hf.config.schema import ParallelSizes, RunConfig
 from jaxrl_hf.controller import Batch, Dispatch, register
 from jaxrl_hf.workers.actor import ActorRolloutRefWorker
+from jaxrl_hf.workers.routing_replay import check_router_replay
 from jaxrl_hf.workers.protocols import MESH_DP_MERGE
 from jaxrl_hf.workers.common import WorkerConfigError, lm_param_shardings, load_model, worker_run_config
 from jaxrl_hf.workers.train_step import TrainState
@@ -94,7 +95,9 @@ class RolloutWorker(ActorRolloutRefWorker):
         params = jax.device_put(self.model.params, self.shardings)
         self.model.params = None
         self.state = TrainState(params=params, opt_state=None, step=jnp.zeros((), jnp.int32))
-        self.engine = self._build_engine()
+        self.replay_routing = check_router_replay(self.config.actor.router_replay.mode, self.model.config,
+                                                  self.engine_name, self.config.rollout.loop, self.dp_processes)
+        self.engine = self._build_engine()  # with R3 it records the routing the actor replays
         self.rollout_loop.setup(self.config.rollout, self.model.tokenizer)
         return {"role": "rollout", "num_params": int(sum(np.prod(x.shape) for x in jax.tree.leaves(params))),
                 "devices": jax.device_count(), "mesh": dict(self.mesh.shape)}
