@@ -10,11 +10,11 @@ import pytest  # noqa: E402
 PROCESS_MODULES = frozenset({
     # vLLM engines (in this process or a child)
     "test_rollout_vllm", "test_rollout_vllm_tp", "test_rollout_vllm_families", "test_rollout_multi_turn_vllm", "test_export_hf",
-    "test_workers_hybrid_offload", "test_workers_multiprocess_rollout",
+    "test_workers_hybrid_offload", "test_workers_multiprocess_rollout", "test_rollout_vllm_moe",
     # the trainer with its Ray workers, or in a subprocess
     "test_trainer_e2e", "test_trainer_async", "test_trainer_agent", "test_trainer_lora", "test_reliability_signals",
     "test_reliability_restore", "test_reliability_nonfinite", "test_reliability_worker", "test_reliability_bad_input",
-    "test_config_verl_cli", "test_packaging", "test_bench_gpu", "test_bench_trl_grpo", "test_user_imports",
+    "test_config_verl_cli", "test_trainer_verl_format", "test_packaging", "test_bench_gpu", "test_bench_trl_grpo", "test_user_imports",
     # Ray clusters of several worker processes
     "test_controller_multinode", "test_controller_failures", "test_controller_groups", "test_workers_groups",
     "test_rewards_prm", "test_gpu_doctor", "test_gpu_memory_budget", "test_controller_gpu_devices",
