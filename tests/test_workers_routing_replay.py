@@ -218,3 +218,14 @@ def test_the_native_engine_records_the_routing_a_teacher_forced_forward_takes():
     np.testing.assert_array_equal(out.routed_experts[mask.astype(bool)], want[mask.astype(bool)])
     with pytest.raises(ValueError, match=r"record_routing=True\) needs a mixture-of-experts model"):
         JaxGenerationEngine(tiny_config(vocab_size=64, head_dim=16), None, pad_token_id=0, record_routing=True)
+
+
+def test_sequence_parallel_padding_pads_the_routed_experts_on_their_token_axis():
+    from jaxrl_hf.workers.common import pad_sequences_to
+
+    columns = left_padded_update_columns(CONFIG.vocab_size, P, R, (0, 2, 3, 5))
+    routed = np.arange(4 * (P + R) * 3 * 2, dtype=np.int32).reshape(4, P + R, 3, 2) + 1
+    padded = pad_sequences_to({**columns, "routed_experts": routed}, 4)  # 11 tokens -> 12
+    assert padded["input_ids"].shape == (4, 12) and padded["routed_experts"].shape == (4, 12, 3, 2)
+    np.testing.assert_array_equal(padded["routed_experts"][:, 1:], routed)
+    assert (padded["routed_experts"][:, 0] == 0).all()

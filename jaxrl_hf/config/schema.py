@@ -34,7 +34,8 @@ __all__ = [  # the sections live in schema_<topic>.py; this module is the one pl
     "CustomRewardFunctionConfig", "DataConfig", "FilterGroupsConfig", "GenerateParallelSizes", "GpuMemoryConfig",
     "KLControlConfig", "ModelConfig", "OptimConfig", "OverlongBufferConfig", "ParallelSizes", "PlacementConfig",
     "PolicyLossConfig", "PoolConfig", "RefConfig", "RewardModelConfig", "RolloutConfig", "RolloutCorrectionConfig",
-    "RolloutValConfig", "RouterReplayConfig", "RunConfig", "SafeRLHFConfig", "ScoringModelConfig", "TinyModelConfig", "TrainerConfig", "ALGOS",
+    "RolloutValConfig", "RouterReplayConfig", "RunConfig", "SafeRLHFConfig", "ScoringModelConfig", "TinyModelConfig",
+    "TrainerConfig", "ALGOS",
 ]
 
 

@@ -17,6 +17,7 @@ so ``y`` equals the unsharded block's up to the order of that sum. XLA's SPMD pa
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import jax
@@ -38,15 +39,13 @@ def expert_mesh_axes(rules: Any) -> tuple[str, ...]:
 
 def expert_parallel_block(grouped: Any, x: Array, experts: Array, weights: Array, gate: Array, up: Array,
                           down: Array, *, mesh: Any, rules: Any, axes: tuple[str, ...]) -> Array:
-    """``grouped(x, experts, weights, gate, up, down, num_groups)`` (`jaxrl_hf.models.moe.grouped_experts`) over
+    """``grouped(x, experts, weights, gate, up, down, drops=True)`` (`jaxrl_hf.models.moe.grouped_experts`) over
     ``x [B, T, embed]`` with the experts split over ``axes`` (module docstring); returns ``[B, T, embed]``."""
     tokens = logical_to_spec(("batch", "length", "embed"), rules)
     if set(axes) & {a for entry in tokens if entry for a in ((entry,) if isinstance(entry, str) else entry)}:
         raise ValueError(f"expert parallelism over {axes}: the tokens are split over those axes too "
                          f"(activations {tokens}); the experts need a mesh axis the tokens are replicated over")
-    size = 1
-    for a in axes:
-        size *= mesh.shape[a]
+    size = math.prod(mesh.shape[a] for a in axes)
     num_experts, k = gate.shape[0], experts.shape[-1]
     if num_experts % size:
         raise ValueError(f"expert parallelism: {num_experts} experts do not split over {axes} (size {size})")
@@ -62,7 +61,7 @@ def expert_parallel_block(grouped: Any, x: Array, experts: Array, weights: Array
         kept = (mine >= 0) & (mine < local)
         flat = x.reshape(-1, x.shape[-1])
         y = grouped(flat, jnp.where(kept, mine, local).reshape(-1, k), jnp.where(kept, weights, 0).reshape(-1, k),
-                    gate, up, down, local)
+                    gate, up, down, drops=True)
         return jax.lax.psum(y.astype(jnp.float32), axes).astype(x.dtype).reshape(x.shape)
 
     b, t = x.shape[0], x.shape[1]

@@ -67,14 +67,14 @@ def route(x: Array, router: Array, top_k: int, norm_topk_prob: bool, given: Arra
 
 
 def grouped_experts(x: Array, experts: Array, weights: Array, gate: Array, up: Array, down: Array,
-                    num_groups: int | None = None) -> Array:
+                    drops: bool = False) -> Array:
     """``sum_j weights[n, j] · expert_{experts[n, j]}(x[n])`` for ``x [N, embed]``, each expert SwiGLU
     ``down(silu(x gate) * (x up))`` with ``gate``/``up`` ``[E, embed, mlp]`` and ``down`` ``[E, mlp, embed]``:
-    the ``N·k`` (token, choice) rows sorted by expert, three `jax.lax.ragged_dot` products, unsorted. A choice of
-    expert ``num_groups`` (= E, the default) is dropped: it sorts last, outside every group, and adds 0
+    the ``N·k`` (token, choice) rows sorted by expert, three `jax.lax.ragged_dot` products, unsorted. ``drops``:
+    a choice of expert ``E`` (one past the last) is dropped: it sorts last, outside every group, and adds 0
     (`jaxrl_hf.models.expert_parallel`: the choices of another device's experts)."""
     n, k = experts.shape
-    num_experts = gate.shape[0] if num_groups is None else num_groups
+    num_experts = gate.shape[0]
     flat = experts.reshape(-1)
     order = jnp.argsort(flat, stable=True)  # rows grouped by expert, in token order within an expert
     rows = jnp.take(x, order // k, axis=0)  # [N·k, embed]
@@ -85,8 +85,9 @@ def grouped_experts(x: Array, experts: Array, weights: Array, gate: Array, up: A
         return jax.lax.ragged_dot(lhs, rhs.astype(dt), sizes, preferred_element_type=f32).astype(dt)
 
     hidden = nn.silu(grouped(rows, gate)) * grouped(rows, up)
-    kept = (jnp.take(flat, order) < num_experts)[:, None]  # rows past every group: ragged_dot leaves them unset
-    out = jnp.where(kept, grouped(hidden, down) * jnp.take(weights.reshape(-1), order)[:, None].astype(dt), 0)
+    out = grouped(hidden, down) * jnp.take(weights.reshape(-1), order)[:, None].astype(dt)
+    if drops:  # rows past every group: ragged_dot leaves them unset
+        out = jnp.where((jnp.take(flat, order) < num_experts)[:, None], out, 0)
     unsorted = jnp.zeros_like(out).at[order].set(out, unique_indices=True)  # back to (token, choice) order
     return jnp.sum(unsorted.reshape(n, k, -1).astype(f32), axis=1).astype(dt)
 

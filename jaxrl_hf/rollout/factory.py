@@ -35,7 +35,7 @@ def make_rollout_engine(name: str, *, config: DecoderConfig, params: Any, pad_to
             raise ValueError("rollout.name=jax takes no vLLM TP group")
         if options:
             raise ValueError(f"rollout.name=jax takes no vLLM options; got {sorted(options)}")
-        off = {"unroll_layers": False, "cpu_kernels": False} if cpu_backend == "off" or record_routing else {}
+        off = {"unroll_layers": False, "cpu_kernels": False} if cpu_backend == "off" else {}
         return JaxGenerationEngine(config, params, pad_token_id=pad_token_id, eos_token_ids=eos_token_ids,
                                    mesh=mesh, rules=rules, record_routing=record_routing, **off)
     if name == "vllm":

@@ -25,10 +25,10 @@ Lifecycle (the HybridFlow "hybrid engine": one process holds both the trainer an
      token ids out (no tokenizer is loaded: ``skip_tokenizer_init``).
   4. ``sleep()``: free the KV cache until the next ``set_params`` / ``generate``.
 
-Model families: Llama, Qwen2, Qwen3, Qwen3-MoE (TP 1), Mistral, Gemma 2 and Gemma 3 text, from the same HF names and layouts as the
-export (q/k norms; Gemma's pre/post feed-forward norms, ``(1 + w)`` norm weights as stored, tied embeddings: vLLM's
-Gemma 2 takes its logits from the embedding itself). What vLLM reads from ``config.json`` per family, and the one
-refused case (Qwen2/Qwen3 windows on some layers only), is in `jaxrl_hf.models.vllm_support`.
+Model families: Llama, Qwen2, Qwen3, Qwen3-MoE (TP 1), Mistral, Gemma 2 and Gemma 3 text, from the same HF names
+and layouts as the export (q/k norms; Gemma's pre/post feed-forward norms, ``(1 + w)`` norm weights as stored, tied
+embeddings: vLLM's Gemma 2 takes its logits from the embedding itself). What vLLM reads from ``config.json`` per
+family, and the one refused case (Qwen2/Qwen3 windows on some layers only), is in `jaxrl_hf.models.vllm_support`.
 
 Sleep mode, GPU vs CPU
   * GPU (CUDA platform): ``enable_sleep_mode=True``; ``sleep()`` = ``llm.sleep(level)`` (level 1: weights

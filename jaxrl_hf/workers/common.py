@@ -174,24 +174,25 @@ def check_sequence_parallel_heads(config: DecoderConfig, train: meshlib.TrainPar
 
 
 SEQUENCE_COLUMNS = ("input_ids", "attention_mask", "position_ids")
+PER_TOKEN_COLUMNS = {"routed_experts": 2}
+"""Columns of one entry per token besides `SEQUENCE_COLUMNS`, with how many dimensions follow the token axis
+(routing replay's experts: ``[rows, P+R, layers, k]``)."""
 
 
 def pad_sequences_to(arrays: Mapping[str, np.ndarray], multiple: int) -> dict[str, np.ndarray]:
-    """Left-pad the token columns (`SEQUENCE_COLUMNS`, ``[rows, P+R]``) with zeros until their width divides
-    ``multiple`` (the Ulysses size: each device holds ``1/sp`` of the sequence). An ``attention_mask`` of 0 is
+    """Left-pad the token columns (`SEQUENCE_COLUMNS` ``[rows, P+R]``, `PER_TOKEN_COLUMNS`) with zeros until their
+    width divides ``multiple`` (the Ulysses size: each device holds ``1/sp`` of the sequence). An ``attention_mask`` of 0 is
     padding, never attended, and the response stays the last ``R`` columns, so every output is unchanged."""
     width = next((np.shape(arrays[k])[-1] for k in SEQUENCE_COLUMNS if k in arrays), None)
     extra = 0 if width is None else (-width) % multiple
     if not extra:
         return dict(arrays)
     out = dict(arrays)
-    for key in SEQUENCE_COLUMNS:
+    trailing = {**dict.fromkeys(SEQUENCE_COLUMNS, 0), **PER_TOKEN_COLUMNS}  # dims after the token axis
+    for key, after in trailing.items():  # (padding routes to expert 0: masked, never attended)
         if key in out:
             a = np.asarray(out[key])
-            out[key] = np.pad(a, [(0, 0)] * (a.ndim - 1) + [(extra, 0)])
-    if "routed_experts" in out:  # [rows, P+R, layers, k]: the same columns, on axis 1 (padding routes to expert 0)
-        a = np.asarray(out["routed_experts"])
-        out["routed_experts"] = np.pad(a, [(0, 0), (extra, 0)] + [(0, 0)] * (a.ndim - 2))
+            out[key] = np.pad(a, [(0, 0)] * (a.ndim - 1 - after) + [(extra, 0)] + [(0, 0)] * after)
     return out
 
 

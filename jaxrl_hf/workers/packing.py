@@ -165,21 +165,15 @@ def scatter_rows(outputs: np.ndarray, slots: np.ndarray, num_rows: int) -> np.nd
     return out
 
 
-def pack_per_token(per_token: np.ndarray, attention_mask: np.ndarray, slots: np.ndarray, length: int) -> np.ndarray:
-    """A per-token column ``[B, T, ...]`` in the packed layout of `pack_tokens` (the same slots and length):
-    ``[M, D, length, ...]``, each row's valid tokens at its cursor, zeros elsewhere."""
-    per_token, valid = np.asarray(per_token), np.asarray(attention_mask) != 0
-    m, d, _ = slots.shape
-    out = np.zeros((m, d, length, *per_token.shape[2:]), per_token.dtype)
-    for mi in range(m):
-        for di in range(d):
-            cursor = 0
-            for row in slots[mi, di]:
-                if row == EMPTY:
-                    continue
-                cols = np.flatnonzero(valid[row])
-                out[mi, di, cursor:cursor + len(cols)] = per_token[row, cols]
-                cursor += len(cols)
+def pack_per_token(per_token: np.ndarray, attention_mask: np.ndarray, slots: np.ndarray,
+                   pack_rows: np.ndarray, length: int) -> np.ndarray:
+    """A per-token column ``[B, T, ...]`` in the packed layout `pack_tokens` made (its ``pack_rows [M, D·r, T]``
+    for the same ``slots``): ``[M, D, length, ...]``, each valid token at its packed index, zeros elsewhere."""
+    m, d, r = slots.shape
+    rows = gather_rows({"value": per_token, "valid": np.asarray(attention_mask) != 0}, slots)
+    out = np.zeros((m, d, length, *np.shape(per_token)[2:]), np.asarray(per_token).dtype)
+    mi, j, c = np.nonzero(rows["valid"])
+    out[mi, j // r, np.asarray(pack_rows)[mi, j, c]] = rows["value"][mi, j, c]
     return out
 
 

@@ -133,7 +133,8 @@ def resolve_compute_dtype(dtype: str, accelerator: bool) -> tuple[str, str]:
 
 def mfu_summary(model_config: Any, params: Any, configured: float | None, processes_per_host: int) -> dict[str, Any]:
     """What the driver needs for ``perf/mfu/actor``: the model's matmul parameter count (the full model's, also
-    under LoRA; an untied input embedding is a lookup, left out; a mixture of experts: the active ones), its layers, attention width (heads × head_dim)
+    under LoRA; an untied input embedding is a lookup, left out; a mixture of experts: the active ones), its
+    layers, attention width (heads × head_dim)
     and the peak FLOP/s per device: the best rate the device reaches in any of `COMPUTE_DTYPES` (so an MFU is of what
     the machine can do, whichever dtype the model computes in), or ``configured``."""
     total = int(sum(x.size for x in jax.tree.leaves(params)))

@@ -29,13 +29,10 @@ import numpy as np
 
 from jaxrl_hf.config.schema import ModelConfig, RunConfig
 from jaxrl_hf.workers import packing
-from jaxrl_hf.workers.common import WorkerConfigError, chunked_apply, to_global
+from jaxrl_hf.workers.common import PER_TOKEN_COLUMNS, WorkerConfigError, chunked_apply, to_global
 from jaxrl_hf.workers.minibatch import MiniBatchPlan
 
 TOKEN_KEYS = ("input_ids", "attention_mask", "position_ids")
-PER_TOKEN_KEYS = ("routed_experts",)
-"""Columns ``[rows, P+R, ...]`` of one entry per token besides `TOKEN_KEYS` (routing replay's experts): packed
-micro-batches carry them as ``pack_<key> [D, L, ...]`` (`packing.pack_per_token`)."""
 
 
 def has_response_tokens(micro: Mapping[str, jax.Array]) -> jax.Array:
@@ -120,13 +117,13 @@ class MicroBatching:
         count, width, length = agree_max(packing.bucket(count) if pad_count else count,
                                          packing.bucket(width) if self.dynamic else width, length)
         slots = packing.pad_slots(slots, count, width)
-        packed_keys = (*TOKEN_KEYS, *PER_TOKEN_KEYS) if self.remove_padding else ()
+        packed_keys = (*TOKEN_KEYS, *PER_TOKEN_COLUMNS) if self.remove_padding else ()  # per-token: pack_<key>
         out = packing.gather_rows({k: v for k, v in arrays.items() if k not in packed_keys}, slots)
         if self.remove_padding:
             out.update(packing.pack_tokens(arrays["input_ids"], mask, arrays["position_ids"], slots, length,
                                            np.asarray(arrays["responses"]).shape[1]))
-            out.update({f"pack_{k}": packing.pack_per_token(arrays[k], mask, slots, length)
-                        for k in PER_TOKEN_KEYS if k in arrays})
+            out.update({f"pack_{k}": packing.pack_per_token(arrays[k], mask, slots, out["pack_rows"], length)
+                        for k in PER_TOKEN_COLUMNS if k in arrays})
         live = int((slots != packing.EMPTY).any(axis=(1, 2)).sum())
         per_micro = devices * (length if self.remove_padding else width * full)
         return out, slots, (int(packing.packed_loads(lengths, slots).sum()), live * per_micro)

@@ -131,8 +131,8 @@ def follow_up_sampling(sampling: SamplingParams, turn: int, **changes: Any) -> S
 
 
 def engine_routing_columns(request: RolloutRequest, out: GenerationOutput) -> np.ndarray:
-    """``out.routed_experts`` (the engine's prompt layout, then the responses) in the request's columns: each row's
-    prompt tokens' experts at that row's prompt columns (0 at padding), then the responses' ``[B*n, P+R, layers, k]``."""
+    """``out.routed_experts`` (the engine's prompt layout, then the responses) in the request's columns, ``[B*n, P+R,
+    layers, k]``: each row's prompt tokens' experts at that row's prompt columns (0 at padding), then the responses'."""
     routed, engine_mask = np.asarray(out.routed_experts), np.asarray(out.prompt_mask) != 0
     engine_width = engine_mask.shape[1]
     request_mask = np.repeat(np.asarray(request.prompt_mask) != 0, request.n, axis=0)
