@@ -14,11 +14,12 @@ import json
 import os
 from typing import Any, Mapping
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3_text", "qwen3_moe")
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3_text", "qwen3_moe", "mixtral")
+MOE_MODEL_TYPES = ("qwen3_moe", "mixtral")
 GEMMA_MODEL_TYPES = ("gemma2", "gemma3_text")
 HF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                     "mistral": "MistralForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
-                    "qwen3_moe": "Qwen3MoeForCausalLM"}
+                    "qwen3_moe": "Qwen3MoeForCausalLM", "mixtral": "MixtralForCausalLM"}
 UNSUPPORTED_MODEL_TYPES = {
     "gemma": "Gemma 1 (GeGLU and (1+w) norms but without Gemma 2's post-attention/post-MLP norms) is not "
              "implemented",
@@ -39,6 +40,8 @@ UNSUPPORTED_MOE_FIELDS = {
 QWEN3_MOE_DEFAULTS = {"num_experts": 128, "num_local_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768,
                       "norm_topk_prob": False, "decoder_sparse_step": 1, "mlp_only_layers": []}
 """transformers' ``Qwen3MoeConfig`` defaults of the MoE keys a config.json may leave out."""
+MIXTRAL_DEFAULTS = {"num_local_experts": 8, "num_experts_per_tok": 2, "rope_theta": 1_000_000.0}
+"""transformers' ``MixtralConfig`` defaults of the keys a config.json may leave out."""
 LAYER_TYPES = ("full_attention", "sliding_attention")
 HIDDEN_ACTS = ("silu", "gelu_pytorch_tanh")
 SUPPORTED_DTYPES = ("float32", "bfloat16", "float16")
@@ -77,7 +80,7 @@ class DecoderConfig:
     attention over a stored cache runs in `models.cpu_kernels.cache_attention`. ``pair_kernels`` (bfloat16 only;
     set by the actor's and critic's training programs where `models.pair_matmul.wanted`): the projections' weight
     gradients run in `models.pair_matmul` (forward passes, the generation program included, are unchanged).
-    MoE (``model_type`` ``qwen3_moe``; ``num_experts = 0`` is a dense model): layer ``i`` is sparse iff ``i`` is
+    MoE (``model_type`` ``qwen3_moe`` or ``mixtral``; ``num_experts = 0`` is a dense model): layer ``i`` is sparse iff ``i`` is
     not in ``mlp_only_layers`` and ``(i + 1) % decoder_sparse_step == 0`` (`moe_layers`); a sparse layer routes
     each token to ``num_experts_per_tok`` of ``num_experts`` SwiGLU experts of width ``moe_intermediate_size``
     (`jaxrl_hf.models.moe`), the other layers keep the dense MLP of width ``intermediate_size``.
@@ -214,6 +217,11 @@ class DecoderConfig:
                              f"0 .. {self.num_hidden_layers - 1}")
         if self.cpu_kernels:
             raise ValueError("DecoderConfig.cpu_kernels (panel-order kernels) has no MoE path; num_experts > 0")
+        if self.model_type == "mixtral" and (self.moe_intermediate_size != self.intermediate_size
+                                             or not self.norm_topk_prob or not all(self.moe_layers)):
+            raise ValueError("DecoderConfig model_type='mixtral': every layer sparse (no mlp_only_layers, "
+                             "decoder_sparse_step=1), experts of width intermediate_size (moe_intermediate_size="
+                             f"{self.moe_intermediate_size} vs {self.intermediate_size}) and norm_topk_prob=True")
 
     # ----------------------------------------------------------------------------------------
     @property
@@ -311,7 +319,9 @@ class DecoderConfig:
 # HF ``config.json`` <-> `DecoderConfig`, per family, with transformers' defaults where a key is absent.
 # 
 # Families (``model_type``): ``llama``, ``qwen2`` (QKV bias), ``qwen3`` (q/k head norms), ``mistral``, ``gemma2``
-# and ``gemma3_text`` (Gemma structure; Gemma 3 adds q/k norms and a RoPE base of its own for sliding layers).
+# and ``gemma3_text`` (Gemma structure; Gemma 3 adds q/k norms and a RoPE base of its own for sliding layers);
+# mixtures of experts ``qwen3_moe`` (Qwen3 attention) and ``mixtral`` (Mistral attention, every layer sparse,
+# experts of width ``intermediate_size``, top-k weights renormalised).
 # Sliding windows are read as transformers reads them (`hf_sliding_layers`); model types met in the wild but not
 # implemented are refused naming what is missing (``UNSUPPORTED_MODEL_TYPES``).
 
@@ -333,7 +343,17 @@ def _check_moe_variant(hf: Mapping[str, Any]) -> None:
 
 
 def _moe_fields(hf: Mapping[str, Any], model_type: str) -> dict[str, Any]:
-    """The `DecoderConfig` MoE fields of a ``qwen3_moe`` config.json (transformers' defaults where absent)."""
+    """The `DecoderConfig` MoE fields of a ``qwen3_moe`` or ``mixtral`` config.json (transformers' defaults where
+    absent)."""
+    if model_type == "mixtral":
+        if float(hf.get("router_jitter_noise") or 0.0) > 0:
+            raise ValueError(f"config.json router_jitter_noise={hf['router_jitter_noise']!r} is not supported: the "
+                             "training forward's multiplicative router noise is not implemented (set it to 0.0)")
+        get = lambda key: hf.get(key, MIXTRAL_DEFAULTS[key])  # noqa: E731
+        experts = hf.get("num_local_experts", hf.get("num_experts", MIXTRAL_DEFAULTS["num_local_experts"]))
+        return {"num_experts": int(experts),
+                "num_experts_per_tok": int(get("num_experts_per_tok")),
+                "moe_intermediate_size": int(hf["intermediate_size"]), "norm_topk_prob": True}
     if model_type != "qwen3_moe":
         return {}
     get = lambda key: hf.get(key, QWEN3_MOE_DEFAULTS[key])  # noqa: E731
@@ -420,9 +440,10 @@ def hf_sliding_layers(hf: Mapping[str, Any], model_type: str) -> tuple[int | Non
         return None, ()
     if not isinstance(window, int) or isinstance(window, bool) or window <= 0:
         raise ValueError(f"config.json sliding_window={window!r} must be a positive int or null")
-    types = hf.get("layer_types") if model_type != "mistral" else None
+    every_layer = model_type in ("mistral", "mixtral")  # transformers' Mistral / Mixtral ignore layer_types
+    types = hf.get("layer_types") if not every_layer else None
     if types is None:
-        if model_type == "mistral":
+        if every_layer:
             types = ["sliding_attention"] * layers
         elif model_type in GEMMA_MODEL_TYPES:
             pattern = 2 if model_type == "gemma2" else int(hf.get("sliding_window_pattern", 6))
@@ -449,7 +470,8 @@ def decoder_config_from_hf(hf: Mapping[str, Any], **runtime: Any) -> DecoderConf
     if model_type == "gemma3_text":
         rope_theta, rope, local_theta = _gemma3_rope(hf)
     else:
-        default_theta = gemma["rope_theta"] if gemma else 10000.0
+        default_theta = (gemma["rope_theta"] if gemma else
+                         MIXTRAL_DEFAULTS["rope_theta"] if model_type == "mixtral" else 10000.0)
         rope_theta, rope = _rope(hf.get("rope_parameters") or {}, hf.get("rope_scaling"),
                                  float(hf.get("rope_theta", default_theta)))
     heads = int(hf["num_attention_heads"])
@@ -533,8 +555,11 @@ def decoder_config_to_hf(config: DecoderConfig) -> dict[str, Any]:
     if c.model_type in ("qwen2", "qwen3", "qwen3_moe"):
         out["use_sliding_window"] = windows is not None
         out["max_window_layers"] = c.num_hidden_layers
-    if c.model_type != "mistral":  # Mistral slides every layer when sliding_window is set
+    if c.model_type not in ("mistral", "mixtral"):  # these slide every layer when sliding_window is set
         out["layer_types"] = ["sliding_attention" if w else "full_attention" for w in windows or (0,) * c.num_hidden_layers]
+    if c.model_type == "mixtral":
+        out.update(num_local_experts=c.num_experts, num_experts_per_tok=c.num_experts_per_tok,
+                   router_jitter_noise=0.0, output_router_logits=False)
     if c.model_type == "qwen3_moe":
         out.update(num_experts=c.num_experts, num_experts_per_tok=c.num_experts_per_tok,
                    moe_intermediate_size=c.moe_intermediate_size, norm_topk_prob=c.norm_topk_prob,

@@ -51,19 +51,26 @@ def hf_layer_entries(config: DecoderConfig) -> list[tuple[str, tuple[str, ...], 
     return entries
 
 
+_MOE_HF_NAMES = {"qwen3_moe": ("mlp", {"gate": "gate_proj", "up": "up_proj", "down": "down_proj"}),
+                 "mixtral": ("block_sparse_moe", {"gate": "w1", "up": "w3", "down": "w2"})}
+"""Per MoE family: the sparse block's HF module name and its experts' projection names."""
+
+
 def hf_mlp_entries(config: DecoderConfig, layer: int) -> list[tuple[str, tuple[str, ...], str, int | None]]:
     """An MoE model's (HF suffix, path in ``params['model']['layers']``, kind, expert) of layer ``layer``'s
     feed-forward (``expert``: the index into the path's ``expert`` axis, ``None`` for a whole per-layer leaf):
-    the dense ``mlp.{gate,up,down}_proj`` of a dense layer; ``mlp.gate`` (the router) and
-    ``mlp.experts.{e}.{gate,up,down}_proj`` of a sparse one. Empty for a dense model (`hf_layer_entries` has its
-    MLP)."""
+    the dense ``mlp.{gate,up,down}_proj`` of a dense layer; the router and the experts of a sparse one, named per
+    family (`_MOE_HF_NAMES`: Qwen3-MoE ``mlp.gate`` and ``mlp.experts.{e}.{gate,up,down}_proj``, Mixtral
+    ``block_sparse_moe.gate`` and ``block_sparse_moe.experts.{e}.{w1,w3,w2}``). Empty for a dense model
+    (`hf_layer_entries` has its MLP)."""
     if not config.is_moe:
         return []
     if not config.moe_layers[layer]:
         return [(*entry, None) for entry in _DENSE_MLP_ENTRIES]
-    entries = [("mlp.gate.weight", ("moe", "router", "kernel"), "linear", None)]
+    block, names = _MOE_HF_NAMES[config.model_type]
+    entries = [(f"{block}.gate.weight", ("moe", "router", "kernel"), "linear", None)]
     for e in range(config.num_experts):
-        entries += [(f"mlp.experts.{e}.{n}_proj.weight", ("moe", f"{n}_proj", "kernel"), "linear", e)
+        entries += [(f"{block}.experts.{e}.{names[n]}.weight", ("moe", f"{n}_proj", "kernel"), "linear", e)
                     for n in ("gate", "up", "down")]
     return entries
 
