@@ -13,16 +13,23 @@ from jaxrl_hf.rollout import SamplingParams
 CONFIG = tiny_config(vocab_size=96, hidden_size=64, intermediate_size=128, head_dim=32, eos_token_ids=(2,),
                      max_position_embeddings=128)
 PAD = 0
+# a mixed Qwen3-MoE (layer 1 dense): heads, the dense MLP and every expert (64 -> 32 a rank, vLLM's CPU
+# experts' alignment) split over TP 2
+MOE_CONFIG = tiny_config(vocab_size=96, hidden_size=64, intermediate_size=128, head_dim=32, eos_token_ids=(2,),
+                         max_position_embeddings=128, model_type="qwen3_moe", qk_norm=True, num_experts=4,
+                         num_experts_per_tok=2, moe_intermediate_size=64, norm_topk_prob=True, mlp_only_layers=(1,),
+                         num_hidden_layers=3)
+CASES = {"dense": CONFIG, "moe": MOE_CONFIG}
 OPTIONS = {"max_num_seqs": 32, "kv_cache_gib": 0.25, "tensor_parallel_size": 2}
 SAMPLING = SamplingParams(greedy=True, max_new_tokens=12)
 
 
-def reference_params():
-    return random_params(CONFIG, seed=5)
+def reference_params(config=CONFIG):
+    return random_params(config, seed=5)
 
 
-def perturbed(scale: float = 0.05, seed: int = 1):
-    leaves, tree = jax.tree.flatten(reference_params())
+def perturbed(scale: float = 0.05, seed: int = 1, config=CONFIG):
+    leaves, tree = jax.tree.flatten(reference_params(config))
     rng = np.random.default_rng(seed)
     return jax.tree.unflatten(tree, [np.asarray(x) + rng.normal(0, scale, x.shape).astype(np.float32) for x in leaves])
 

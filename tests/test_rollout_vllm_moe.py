@@ -1,8 +1,8 @@
-"""vLLM (CPU build) serving a tiny random Qwen3-MoE after the in-place weight sync: the per-expert HF tensors fused
-by vLLM into its expert layout, greedy tokens equal to the native JAX engine's and log-probs within 1e-4 of our
-forward, also after a second sync of other weights (which exercises the re-pack of vLLM's CPU experts,
-`jaxrl_hf.rollout.vllm_reload.repack_cpu_moe_experts`); a mixed dense/sparse model (``mlp_only_layers``); the
-refused cases name their keys."""
+"""vLLM (CPU build) serving a tiny random Qwen3-MoE and a tiny random Mixtral after the in-place weight sync: the
+per-expert HF tensors fused by vLLM into its expert layout, greedy tokens equal to the native JAX engine's and
+log-probs within 1e-4 of our forward, also after a second sync of other weights (which exercises the re-pack of
+vLLM's CPU experts, `jaxrl_hf.rollout.vllm_reload.repack_cpu_moe_experts`); a mixed dense/sparse Qwen3-MoE
+(``mlp_only_layers``); the refused cases name their keys."""
 
 from __future__ import annotations
 
@@ -21,6 +21,10 @@ PAD, EOS = 0, 2
 MOE = dict(vocab_size=96, hidden_size=64, head_dim=32, eos_token_ids=(EOS,), max_position_embeddings=128,
            model_type="qwen3_moe", qk_norm=True, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
            norm_topk_prob=True, mlp_only_layers=(1,), num_hidden_layers=3)
+MIXTRAL = dict(vocab_size=96, hidden_size=64, intermediate_size=32, head_dim=32, eos_token_ids=(EOS,),
+               max_position_embeddings=128, model_type="mixtral", num_experts=4, num_experts_per_tok=2,
+               moe_intermediate_size=32, norm_topk_prob=True, num_hidden_layers=2)
+FAMILIES = {"qwen3_moe": MOE, "mixtral": MIXTRAL}
 OPTIONS = {"max_num_seqs": 16, "kv_cache_gib": 0.25}
 PROMPTS = [list(map(int, np.random.default_rng(0).integers(3, MOE["vocab_size"], n))) for n in (5, 3, 9, 12)]
 
@@ -32,13 +36,15 @@ def model():
     return config, jax.tree.map(jnp.asarray, random_params(config, seed=5))
 
 
-@pytest.fixture(scope="module")
-def engine(model):
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def served(request):
+    """``(config, params, engine)`` of one family (one live vLLM engine at a time)."""
     pytest.importorskip("vllm")
-    config, params = model
+    config = tiny_config(**FAMILIES[request.param])
+    params = jax.tree.map(jnp.asarray, random_params(config, seed=5))
     eng = make_rollout_engine("vllm", config=config, params=params, pad_token_id=PAD, eos_token_ids=(EOS,),
                               options=OPTIONS)
-    yield eng
+    yield config, params, eng
     eng.close()
 
 
@@ -56,8 +62,8 @@ def _rescore(params, config, out):
     return np.asarray(logp)[:, out.prompt_ids.shape[1] - 1:-1] * out.response_mask
 
 
-def test_greedy_and_logprobs_match_the_native_engine_after_each_sync(model, engine):
-    config, params = model
+def test_greedy_and_logprobs_match_the_native_engine_after_each_sync(served):
+    config, params, engine = served
     sp = SamplingParams(greedy=True, max_new_tokens=16)
     first = engine.generate(PROMPTS, sp)
     np.testing.assert_array_equal(first.response_ids, _native(config, params, PROMPTS, sp).response_ids)
@@ -90,10 +96,11 @@ def test_footprint_counts_the_experts(model):
 def test_refusals_name_the_keys(model):
     pytest.importorskip("vllm")
     config, params = model
-    with pytest.raises(ValueError, match=r"mixture-of-experts policy and tensor_parallel_size=2 "
-                                         r"\(placement.generate.tp / rollout.tensor_model_parallel_size\)"):
-        make_rollout_engine("vllm", config=config, params=params, pad_token_id=PAD,
-                            options={**OPTIONS, "tensor_parallel_size": 2})
     odd = config.replace(moe_intermediate_size=48)
-    with pytest.raises(ValueError, match=r"pad moe_intermediate_size=48 to a multiple of 32.*rollout.name=jax"):
+    with pytest.raises(ValueError, match=r"pad each rank's moe_intermediate_size=48 / tensor_parallel_size=1 to a "
+                                         r"multiple of 32.*rollout.name=jax"):
         make_rollout_engine("vllm", config=odd, params=None, pad_token_id=PAD, options=OPTIONS)
+    windowed = tiny_config(**{**MIXTRAL, "sliding_window": 4})
+    with pytest.raises(ValueError, match=r"model_type 'mixtral' with sliding_window=4: vLLM's mixtral model has "
+                                         r"no sliding window"):
+        make_rollout_engine("vllm", config=windowed, params=None, pad_token_id=PAD, options=OPTIONS)

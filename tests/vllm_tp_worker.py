@@ -1,7 +1,8 @@
 """One rank of the vLLM TP=2 check (run by test_rollout_vllm_tp.py): a JAX process of a two-process program that
 hosts one vLLM tensor-parallel rank (external_launcher) and feeds it only its shard of FSDP-sharded params.
 
-Usage: python vllm_tp_worker.py RANK WORLD JAX_COORDINATOR TP OUT_JSON (TP groups of TP consecutive processes)
+Usage: python vllm_tp_worker.py RANK WORLD JAX_COORDINATOR TP OUT_JSON [CASE] (TP groups of TP consecutive
+processes; CASE: a model of `_vllm_tp_case.CASES`, default dense)
 Writes: greedy tokens and sampler log-probs before and after a weight update, and the sync's bytes and paths.
 """
 
@@ -18,11 +19,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from _vllm_tp_case import CONFIG, OPTIONS, PAD, SAMPLING, perturbed, prompts, reference_params  # noqa: E402
+from _vllm_tp_case import CASES, OPTIONS, PAD, SAMPLING, perturbed, prompts, reference_params  # noqa: E402
 
 
 def main() -> None:
     rank, world, coordinator, tp, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), sys.argv[5]
+    config = CASES[sys.argv[6] if len(sys.argv) > 6 else "dense"]
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(coordinator_address=coordinator, num_processes=world, process_id=rank,
                                initialization_timeout=120)
@@ -33,19 +35,19 @@ def main() -> None:
 
     train = meshlib.TrainParallel(pp=1, tp=1, dp=world)
     mesh = meshlib.build_train_mesh(train, meshlib.ordered_devices())
-    shardings = param_shardings(CONFIG, mesh, meshlib.get_rule_set("fsdp").params)  # ZeRO-3 over both processes
+    shardings = param_shardings(config, mesh, meshlib.get_rule_set("fsdp").params)  # ZeRO-3 over both processes
 
     def on_mesh(tree):
         return jax.tree.map(lambda ref, s: jax.make_array_from_callback(ref.shape, s, lambda i, r=ref: r[i]),
                             tree, shardings)
 
-    params = on_mesh(reference_params())
+    params = on_mesh(reference_params(config))
     group = make_tp_group(tp)
-    engine = VllmRolloutEngine(CONFIG, params, pad_token_id=PAD, eos_token_ids=CONFIG.eos_token_ids,
+    engine = VllmRolloutEngine(config, params, pad_token_id=PAD, eos_token_ids=config.eos_token_ids,
                                options={**OPTIONS, "tensor_parallel_size": tp}, tp_group=group)
     first = engine.last_sync_stats
     before = engine.generate(prompts(), SAMPLING)
-    engine.set_params(on_mesh(perturbed()))
+    engine.set_params(on_mesh(perturbed(config=config)))
     after = engine.generate(prompts(), SAMPLING)
     record = {
         "rank": rank, "tp_rank": group.rank, "master_port": group.master_port, "fsdp_sharded": any(not x.is_fully_replicated for x in jax.tree.leaves(params)),

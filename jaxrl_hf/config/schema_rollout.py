@@ -84,6 +84,7 @@ class RolloutConfig:
     enable_sleep_mode: Optional[bool] = None
     """Free vLLM's KV cache between rollouts (default: on where supported, i.e. CUDA; CPU cannot)."""
     sleep_level: Optional[int] = None
+    """vLLM's sleep level on a GPU: 2 (default; weights discarded and re-fed by the next sync) or 1 (kept on host)."""
     sleep_after_generate: Optional[bool] = None
     logprobs_mode: Optional[str] = None
     """vLLM log-prob mode: ``processed_logprobs`` (default) or ``raw_logprobs``."""

@@ -18,14 +18,17 @@ gemma2          ``query_pre_attn_scalar``, both soft-caps, ``layer_types`` (alte
 gemma3_text     as Gemma 2 plus q/k norms and ``rope_parameters`` per layer type          test_rollout_vllm_families
 qwen3_moe       per-expert ``mlp.experts.{e}.*_proj`` (vLLM fuses them into ``w13``/``w2``), test_rollout_vllm_moe
                 ``mlp.gate`` router, ``mlp_only_layers`` / ``decoder_sparse_step``;
-                tensor parallel size 1 (`VllmRolloutEngine` refuses more)
+                each expert split over the TP ranks as the MLP is                        test_rollout_vllm_tp
+mixtral         per-expert ``block_sparse_moe.experts.{e}.w1/w3/w2`` (fused as above),   test_rollout_vllm_moe
+                ``block_sparse_moe.gate``; no sliding window (below)
 ==============  ========================================================================  ==========================
 
 Refused (`vllm_support_problem`): Qwen2 with ``head_dim`` other than ``hidden_size / num_attention_heads`` (vLLM's
 Qwen2 derives it from those two, as every published Qwen2/Qwen2.5 does; its CPU attention then met head_dim 16 on a
 tiny config with head_dim 32). Qwen2/Qwen3 with a window on some layers only. vLLM's Qwen2/Qwen3 models do not
 read ``layer_types`` (Qwen2 asserts ``max_window_layers == num_hidden_layers``); measured: such a Qwen3 decodes as
-if no layer had a window. No published Qwen2.5/Qwen3 checkpoint sets ``use_sliding_window``.
+if no layer had a window. No published Qwen2.5/Qwen3 checkpoint sets ``use_sliding_window``. Mixtral with a
+``sliding_window``: vLLM's Mixtral has no window (its attention reads none); published Mixtral configs hold null.
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ HEAD_DIM_FROM_HIDDEN = ("qwen2",)
 """model_types whose vLLM implementation takes head_dim = hidden_size / num_attention_heads (ignores ``head_dim``)."""
 PER_LAYER_WINDOWS_IGNORED = ("qwen2", "qwen3")
 """model_types whose vLLM implementation applies one window to all layers or none (it ignores ``layer_types``)."""
+WINDOWS_IGNORED = ("mixtral",)
+"""model_types whose vLLM implementation has no sliding window at all."""
 
 
 def vllm_support_problem(config: DecoderConfig) -> str | None:
@@ -46,6 +51,10 @@ def vllm_support_problem(config: DecoderConfig) -> str | None:
                 f"{config.model_type} model ignores config.json head_dim and would build other projection shapes; "
                 "use rollout.name=jax")
     windows = config.layer_windows
+    if config.model_type in WINDOWS_IGNORED and windows is not None:
+        return (f"model_type {config.model_type!r} with sliding_window={config.sliding_window}: vLLM's "
+                f"{config.model_type} model has no sliding window and would attend to every earlier token; use "
+                "rollout.name=jax")
     if config.model_type in PER_LAYER_WINDOWS_IGNORED and windows is not None and len(set(windows)) > 1:
         sliding = [i for i, w in enumerate(windows) if w]
         return (f"model_type {config.model_type!r} with sliding_window={config.sliding_window} on layers {sliding} "
@@ -54,4 +63,4 @@ def vllm_support_problem(config: DecoderConfig) -> str | None:
     return None
 
 
-__all__ = ["HEAD_DIM_FROM_HIDDEN", "PER_LAYER_WINDOWS_IGNORED", "vllm_support_problem"]
+__all__ = ["HEAD_DIM_FROM_HIDDEN", "PER_LAYER_WINDOWS_IGNORED", "WINDOWS_IGNORED", "vllm_support_problem"]

@@ -9,6 +9,8 @@ What the actor worker drives (its whole use of an engine):
 * ``set_params(params)`` — the weight update after every optimizer step (and after a checkpoint load);
 * ``sleep()`` — after a rollout: free what only generation needs (vLLM's KV cache; nothing for the JAX engine,
   whose cache lives inside one ``generate`` call). The next ``generate`` / ``set_params`` wakes the engine;
+* ``weights_discarded`` — true after a sleep that dropped the weights (vLLM's level 2): the next ``set_params``
+  must come before ``generate``;
 * ``engine_name``, ``pad_token_id``, ``eos_token_ids`` — what a loop needs to pad and to recognise a stop.
 """
 
@@ -86,6 +88,7 @@ class RolloutEngine(Protocol):
     engine_name: str
     pad_token_id: int
     eos_token_ids: tuple[int, ...]
+    weights_discarded: bool
 
     def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams = ...) -> GenerationOutput:
         """``sampling.n`` responses per prompt, interleaved; a stop token ends a row and is kept in its mask."""

@@ -252,6 +252,7 @@ class JaxGenerationEngine:
     """
 
     engine_name = "jax"
+    weights_discarded = False  # its sleep frees nothing
 
     def __init__(self, config: DecoderConfig, params: Any, *, pad_token_id: int,
                  eos_token_ids: Sequence[int] = (), mesh: jax.sharding.Mesh | None = None, rules: Any = None,

@@ -25,15 +25,18 @@ Lifecycle (the HybridFlow "hybrid engine": one process holds both the trainer an
      token ids out (no tokenizer is loaded: ``skip_tokenizer_init``).
   4. ``sleep()``: free the KV cache until the next ``set_params`` / ``generate``.
 
-Model families: Llama, Qwen2, Qwen3, Qwen3-MoE (TP 1), Mistral, Gemma 2 and Gemma 3 text, from the same HF names
+Model families: Llama, Qwen2, Qwen3, Qwen3-MoE, Mixtral, Mistral, Gemma 2 and Gemma 3 text, from the same HF names
 and layouts as the export (q/k norms; Gemma's pre/post feed-forward norms, ``(1 + w)`` norm weights as stored, tied
 embeddings: vLLM's Gemma 2 takes its logits from the embedding itself). What vLLM reads from ``config.json`` per
 family, and the one refused case (Qwen2/Qwen3 windows on some layers only), is in `jaxrl_hf.models.vllm_support`.
 
 Sleep mode, GPU vs CPU
-  * GPU (CUDA platform): ``enable_sleep_mode=True``; ``sleep()`` = ``llm.sleep(level)`` (level 1: weights
-    offloaded to host RAM, KV cache discarded; level 2: both discarded, the right choice when every wake
-    is followed by a full weight sync). ``set_params`` wakes ``weights`` first, loads, then ``kv_cache``
+  * GPU (CUDA platform): ``enable_sleep_mode=True``; ``sleep()`` = ``llm.sleep(level)`` (level 2, the default:
+    weights and KV cache discarded, vLLM's buffers kept on host, since every sync overwrites the weights;
+    level 1: weights offloaded to host RAM and copied back at the wake). After a level-2 sleep
+    ``weights_discarded`` is true and ``generate`` refuses to run until ``set_params`` has fed the weights again
+    (the actor re-syncs before a rollout that follows no update, e.g. the training rollout after a validation).
+    ``set_params`` wakes ``weights`` first, loads, then ``kv_cache``
     (so the KV cache is not resident during the load); ``generate`` wakes everything still asleep. With
     ``sleep_after_generate`` (default) ``generate`` ends with ``sleep()``. The device memory freed and
     regained is measured and logged (``engine_memory.SleepMeter``; not run on hardware here).
@@ -143,8 +146,8 @@ class VllmOptions:
     enable_prefix_caching: share prompt KV among the ``n`` rows of a prompt (reset at every weight sync).
     tensor_parallel_size / distributed_executor_backend: the TP size (> 1: ranks in the caller's processes).
     enable_sleep_mode: None = on where the platform supports it (CUDA), else off; True on CPU raises.
-    sleep_level: 1 or 2 (``llm.sleep`` level). sleep_after_generate: free the KV cache after each
-    ``generate`` where sleep is supported. dtype: vLLM compute dtype (default the model's ``dtype``).
+    sleep_level: ``llm.sleep``'s level, 2 (weights discarded, re-fed by the next sync) or 1 (weights kept on
+    host). sleep_after_generate: free the KV cache after each ``generate`` where sleep is supported. dtype: vLLM compute dtype (default the model's ``dtype``).
     seed: vLLM's engine seed.
     """
 
@@ -159,7 +162,7 @@ class VllmOptions:
     tensor_parallel_size: int = 1
     distributed_executor_backend: str | None = None
     enable_sleep_mode: bool | None = None
-    sleep_level: int = 1
+    sleep_level: int = 2
     sleep_after_generate: bool = True
     dtype: str | None = None
     seed: int = 0
@@ -245,6 +248,7 @@ class VllmRolloutEngine:
     """
 
     engine_name = "vllm"
+    weights_discarded = False
     _live: "weakref.ref[VllmRolloutEngine] | None" = None
 
     def __init__(self, config: DecoderConfig, params: Any, *, pad_token_id: int, eos_token_ids: Sequence[int] = (),
@@ -253,11 +257,6 @@ class VllmRolloutEngine:
                  length_buckets: Sequence[int] = DEFAULT_LENGTH_BUCKETS,
                  tp_group: TensorParallelGroup | None = None, tp_devices: Sequence[Any] | None = None) -> None:
         self.options = options if isinstance(options, VllmOptions) else VllmOptions.from_mapping(options)
-        if config.is_moe and self.options.tensor_parallel_size > 1:
-            raise ValueError(f"rollout.name=vllm with a mixture-of-experts policy and tensor_parallel_size="
-                             f"{self.options.tensor_parallel_size} (placement.generate.tp / "
-                             "rollout.tensor_model_parallel_size): the expert weights are synced whole, not yet as "
-                             "TP shards; use tensor_parallel_size=1 (data-parallel vLLM replicas)")
         self.tp_group = self._check_tp_group(self.options, tp_group)
         problem = vllm_support_problem(config)
         if problem is not None:
@@ -356,6 +355,10 @@ class VllmRolloutEngine:
                                f"the weight sync sends {stream.vocab // tp}")
         if marked["linear_layers"] == 0:
             raise RuntimeError(f"vLLM TP {tp}: found no tensor-parallel linear layer to feed shard-wise")
+        sparse = sum(self.config.moe_layers) if self.config.is_moe else 0
+        if marked["moe_layers"] != sparse:
+            raise RuntimeError(f"vLLM TP {tp}: vLLM has {marked['moe_layers']} tensor-parallel fused-expert layers, "
+                               f"the policy {sparse} sparse layers")
         return stream
 
     def _check_platform(self, opts: VllmOptions) -> bool:
@@ -370,10 +373,12 @@ class VllmRolloutEngine:
             if self.config.head_dim not in sizes:
                 raise ValueError(f"vLLM's CPU attention does not support head_dim={self.config.head_dim}; "
                                  f"supported: {sizes}")
-            if self.config.is_moe and self.config.moe_intermediate_size % CPU_MOE_ALIGNMENT:
-                raise ValueError(f"vLLM's CPU experts pad moe_intermediate_size={self.config.moe_intermediate_size} "
-                                 f"to a multiple of {CPU_MOE_ALIGNMENT}, and its in-place reload cannot write the "
-                                 "unpadded weights into them; use rollout.name=jax for this model on CPU")
+            tp = opts.tensor_parallel_size
+            if self.config.is_moe and (self.config.moe_intermediate_size // tp) % CPU_MOE_ALIGNMENT:
+                raise ValueError(f"vLLM's CPU experts pad each rank's moe_intermediate_size="
+                                 f"{self.config.moe_intermediate_size} / tensor_parallel_size={tp} to a multiple of "
+                                 f"{CPU_MOE_ALIGNMENT}, and its in-place reload cannot write the unpadded weights into "
+                                 "them; use rollout.name=jax for this model on CPU")
             return False
         return True if opts.enable_sleep_mode is None else bool(opts.enable_sleep_mode)
 
@@ -410,6 +415,7 @@ class VllmRolloutEngine:
         t0 = time.perf_counter()
         if self._sleeping:
             self.memory.measure("wake", lambda: self._llm.wake_up(tags=["weights"]))
+            self.weights_discarded = False  # every weight is written below
         if self._tp_stream is not None:  # TP > 1: this rank's shards only, layer by layer
             gathered = params
             stream, stats = self._tp_stream.stream(params, self.sync_target)
@@ -459,9 +465,14 @@ class VllmRolloutEngine:
         if self.sleep_supported and not self._sleeping:
             self.memory.measure("sleep", lambda: self._llm.sleep(level=self.options.sleep_level))
             self._sleeping = True
+            self.weights_discarded = self.options.sleep_level == 2
 
     def wake_up(self) -> None:
-        """Re-allocate everything put to sleep (``generate`` calls this itself)."""
+        """Re-allocate everything put to sleep (``generate`` calls this itself); refused while the weights are
+        discarded (level 2), which only ``set_params`` restores."""
+        if self.weights_discarded:
+            raise RuntimeError("vLLM engine: asleep at sleep_level=2, which discarded its weights; set_params must "
+                               "feed them before generate (or set rollout.sleep_level=1 to keep them on host)")
         if self._sleeping:
             self.memory.measure("wake", self._llm.wake_up)
             self._sleeping = False

@@ -61,6 +61,25 @@ def _copy_presharded_vocab(param: Any, loaded_weight: Any) -> None:
     param.data.copy_(loaded_weight)
 
 
+def _copy_presharded_expert(param: Any, loaded_weight: Any, weight_name: str = "", shard_id: str = "",
+                            expert_id: int = 0, return_success: bool = False) -> bool | None:
+    """Loader of a fused-experts parameter (``w13_weight [experts, 2·I/tp, E]``, ``w2_weight [experts, E, I/tp]``)
+    fed one expert's TP shard in HF layout: ``w1`` (gate) / ``w3`` (up) into the first / second half of the
+    expert's ``w13`` rows, ``w2`` (down) into its ``w2``. The expert index is the global one (no expert
+    parallelism: every rank holds every expert)."""
+    slot = param.data[int(expert_id)]
+    if shard_id in ("w1", "w3"):
+        half = slot.shape[0] // 2
+        slot = slot.narrow(0, 0 if shard_id == "w1" else half, half)
+    elif shard_id != "w2":
+        raise ValueError(f"vLLM TP weight sync: expert shard id {shard_id!r} for {weight_name!r}")
+    if tuple(slot.shape) != tuple(loaded_weight.shape):
+        raise ValueError(f"vLLM TP weight sync: expert {expert_id}'s {shard_id} shard of {weight_name!r} has shape "
+                         f"{tuple(loaded_weight.shape)}; this rank's slot is {tuple(slot.shape)}")
+    slot.copy_(loaded_weight)
+    return True if return_success else None
+
+
 def _set_loader(tensor: Any, loader: Any) -> None:
     """Set a tensor's weight loader (vLLM's own parameter classes keep it in ``_weight_loader``)."""
     tensor.__dict__["_weight_loader" if "_weight_loader" in tensor.__dict__ else "weight_loader"] = loader
@@ -71,39 +90,51 @@ def mark_tp_presharded(worker: Any) -> dict[str, Any]:
 
     Linear layers (column / row / qkv / merged column parallel): ``is_sharded_weight = True`` with the layer's
     ``weight_loader`` (the loader that reads that flag as "do not narrow"; vLLM's newer per-parameter loaders
-    always narrow). Vocab-parallel embedding and LM head: a loader that copies the padded shard. Set on the live
-    parameters and on the metadata vLLM's layerwise reload rebuilds each layer from (whose references to the layer
+    always narrow). Vocab-parallel embedding and LM head: a loader that copies the padded shard. Fused experts
+    (no expert parallelism): a loader that copies each expert's shard into its slot (vLLM's always narrows).
+    Set on the live parameters and on the metadata vLLM's layerwise reload rebuilds each layer from (whose references to the layer
     are held as vLLM holds them there, bound to its placeholder), so they hold for every later reload. Returns what
     was marked and this rank's vocabulary rows (for the caller to check against its own)."""
+    from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
     from vllm.model_executor.layers.linear import LinearBase
     from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
     from vllm.model_executor.model_loader.reload.layerwise import get_layerwise_info
     from vllm.model_executor.model_loader.reload.sanitize import layer_ref_sentinel
 
     model = worker.model_runner.get_model()
-    linear = vocab = 0
+    linear = vocab = moe = 0
     rows = None
     for layer in model.modules():
-        if isinstance(layer, LinearBase) and getattr(layer, "tp_size", 1) > 1:
+        if isinstance(layer, RoutedExperts) and layer.moe_config.moe_parallel_config.tp_size > 1:
+            if layer.moe_config.moe_parallel_config.use_ep:
+                raise ValueError("vLLM TP weight sync: expert parallelism inside vLLM (enable_expert_parallel) is "
+                                 "not supported; the experts are fed as TP shards")
+            moe += 1
+            live = meta = _copy_presharded_expert
+            flags = {}
+            names = ("w13_weight", "w2_weight")
+        elif isinstance(layer, LinearBase) and getattr(layer, "tp_size", 1) > 1:
             linear += 1
             loader = type(layer).weight_loader
             live, meta = loader.__get__(layer), loader.__get__(layer_ref_sentinel)
             flags = {"is_sharded_weight": True}
+            names = ("weight", "bias")
         elif isinstance(layer, VocabParallelEmbedding) and layer.tp_size > 1:
             vocab, rows = vocab + 1, int(layer.num_embeddings_per_partition)
             live = meta = _copy_presharded_vocab
             flags = {}
+            names = ("weight", "bias")
         else:
             continue
         restore = get_layerwise_info(layer).restore_metadata[0]
         for tensors, bound in ((dict(layer.named_parameters(recurse=False)), live), (restore, meta)):
-            for name in ("weight", "bias"):
+            for name in names:
                 tensor = tensors.get(name)
                 if tensor is None:
                     continue
                 _set_loader(tensor, bound)
                 tensor.__dict__.update(flags)
-    return {"linear_layers": linear, "vocab_layers": vocab, "vocab_rows_per_rank": rows}
+    return {"linear_layers": linear, "vocab_layers": vocab, "moe_layers": moe, "vocab_rows_per_rank": rows}
 
 
 def worker_device(worker: Any) -> str:

@@ -12,10 +12,12 @@ the same tokens. This module holds the two halves that make that work:
 * `TpShardStream`: the weight sync. The vLLM TP layout is a sharding over a 1-D ``tp`` mesh of the group's devices
   in vLLM rank order (`VLLM_TP_PARAM_RULES`: column-parallel q/k/v/gate/up on their output heads / mlp dim,
   row-parallel o/down on their input dim, the embedding and LM head on the vocabulary padded as vLLM pads it,
-  norms replicated). Layer by layer, each training-layout leaf's layer slice is resharded into that layout by a
-  jitted identity with those ``out_shardings`` (XLA moves only what a rank lacks: nothing where the training
-  shard already is the TP shard), and the rank's local shard is viewed as torch (DLPack) under its HF name. The
-  extra memory of a sync is one layer's TP shards; the bytes fed to a rank are its TP shard of the model.
+  norms replicated; a mixture-of-experts layer's router replicated and every expert split on its intermediate
+  dimension as vLLM's fused experts split it without expert parallelism). Layer by layer, each training-layout
+  leaf's layer slice is resharded into that layout by a jitted identity with those ``out_shardings`` (XLA moves
+  only what a rank lacks: nothing where the training shard already is the TP shard), and the rank's local shard is
+  viewed as torch (DLPack) under its HF name. The extra memory of a sync is one layer's TP shards; the bytes fed
+  to a rank are its TP shard of the model.
 
 vLLM's loaders narrow a full HF tensor to the rank's slice unless the parameter says it is already sharded
 (``is_sharded_weight``, which vLLM's linear layers honour); `mark_tp_presharded` (run in vLLM's worker) sets that
@@ -144,10 +146,14 @@ def padded_vocab(vocab_size: int, tp: int) -> int:
 
 
 def check_tp_divides(config: DecoderConfig, tp: int, where: str = "rollout.tensor_model_parallel_size") -> None:
-    """Raise unless ``tp`` splits the heads, the kv heads and the MLP (vLLM's column/row-parallel layers)."""
-    for name, value in (("num_attention_heads", config.num_attention_heads),
-                        ("num_key_value_heads", config.num_key_value_heads),
-                        ("intermediate_size", config.intermediate_size)):
+    """Raise unless ``tp`` splits the heads, the kv heads, the dense MLP and every expert's MLP (vLLM's
+    column/row-parallel layers; its fused experts split each expert's intermediate dimension over the ranks)."""
+    sizes = [("num_attention_heads", config.num_attention_heads), ("num_key_value_heads", config.num_key_value_heads)]
+    if not config.is_moe or not all(config.moe_layers):
+        sizes.append(("intermediate_size", config.intermediate_size))
+    if config.is_moe:
+        sizes.append(("moe_intermediate_size", config.moe_intermediate_size))
+    for name, value in sizes:
         if value % tp:
             raise ValueError(f"{where}={tp}: must divide the model's {name}={value} (vLLM tensor parallelism)")
     padded_vocab(config.vocab_size, tp)
@@ -198,10 +204,11 @@ def tp_shard_shapes(config: DecoderConfig, tp: int) -> dict[str, tuple[int, ...]
             else:
                 shape = (d,) if suffix.endswith(("q_norm.weight", "k_norm.weight")) else (e,)
             out[f"model.layers.{i}.{suffix}"] = shape
-        for suffix, _, _, _ in hf_mlp_entries(c, i):  # MoE (whole experts: tp 1, `VllmRolloutEngine` refuses more)
-            m = c.moe_intermediate_size if ".experts." in suffix else mlp
-            shape = (c.num_experts, e) if suffix == "mlp.gate.weight" else (e, m) if "down_proj" in suffix else (m, e)
-            out[f"model.layers.{i}.{suffix}"] = shape
+        for suffix, path, _, _ in hf_mlp_entries(c, i):  # MoE: each expert's intermediate dimension split as the MLP's
+            m = c.moe_intermediate_size // t if path[0] == "moe" else mlp
+            module = path[-2]
+            out[f"model.layers.{i}.{suffix}"] = ((c.num_experts, e) if module == "router" else
+                                                 (e, m) if module == "down_proj" else (m, e))
     out["model.norm.weight"] = (e,)
     if not c.tie_word_embeddings:
         out["lm_head.weight"] = (vocab // t, e)
@@ -289,15 +296,23 @@ class TpShardStream:
         model, axes = params["model"], self.axes["model"]
         embed_axes = tuple(axes["embed_tokens"]["embedding"])
         yield emit("model.embed_tokens.weight", torch_of(self._program("vocab", embed_axes)(model["embed_tokens"]["embedding"])))
+        def layer_shard(path: tuple[str, ...], index: np.int32) -> Any:
+            leaf, logical = model["layers"], axes["layers"]
+            for key in path:
+                leaf, logical = leaf[key], logical[key]
+            return torch_of(self._program("layer", tuple(logical)[1:])(leaf, index))
+
         entries = hf_layer_entries(self.config)
         for i in range(self.config.num_hidden_layers):
             index = np.int32(i)
             for suffix, path, kind in entries:
-                leaf, logical = model["layers"], axes["layers"]
-                for key in path:
-                    leaf, logical = leaf[key], logical[key]
-                piece = self._program("layer", tuple(logical)[1:])(leaf, index)
-                yield emit(f"model.layers.{i}.{suffix}", to_hf_view(kind, torch_of(piece)))
+                yield emit(f"model.layers.{i}.{suffix}", to_hf_view(kind, layer_shard(path, index)))
+            experts: dict[tuple[str, ...], Any] = {}  # MoE: one reshard per leaf and layer, every expert a view of it
+            for suffix, path, kind, expert in hf_mlp_entries(self.config, i):
+                if path not in experts:
+                    experts[path] = layer_shard(path, index)
+                shard = experts[path] if expert is None else experts[path][expert]
+                yield emit(f"model.layers.{i}.{suffix}", to_hf_view(kind, shard))
         yield emit("model.norm.weight", torch_of(self._program("whole", tuple(axes["norm"]["scale"]))(model["norm"]["scale"])))
         if not self.config.tie_word_embeddings:
             head_axes = tuple(self.axes["lm_head"]["kernel"])

@@ -263,6 +263,8 @@ class ActorRolloutRefWorker(Worker):
         shard) and `GenerationLayout.to_training` slices them back bit-identically and frees the generation
         copy, also when generation fails, so the actor's state is never left without params."""
         if self.layout is None:
+            if self.engine.weights_discarded:  # vLLM slept at level 2 since the last sync (no update in between)
+                self.engine.set_params(self.policy_params())
             try:
                 yield self.engine
             finally:
