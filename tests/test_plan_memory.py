@@ -33,7 +33,9 @@ BIASES = SMALL["num_hidden_layers"] * (SMALL["num_attention_heads"] + 2 * SMALL[
 BATCH = ["data.max_prompt_length=64", "data.max_response_length=64", "data.train_batch_size=8",
          "data.gen_batch_size=8", "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
          "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
-         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1"]  # configs/laptop/dapo.yaml's is 16
+         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1",
+         # rows, not the recipe's token budgets
+         "actor_rollout_ref.actor.use_dynamic_bsz=False"]
 COLLECTIVES = {"all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute"}
 
 needs8 = pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 devices (XLA_FLAGS host device count)")
@@ -198,6 +200,15 @@ def test_bad_key_names_the_key(small_model, capsys):
     with pytest.raises(ValueError, match="80GiB"):
         parse_bytes("eighty")
     assert parse_bytes("80GiB") == 80 * 2 ** 30 and parse_bytes("1.5GB") == 1_500_000_000
+
+
+def test_a_plan_reads_the_recipe_not_the_laptop_sizing():
+    """The planned model is --model: no model.path in the keys must not pull in configs/laptop/<algo>.yaml (the
+    embedded default model's 64 + 32 tokens), so the recipe's lengths are planned unless the keys say otherwise."""
+    config, _ = load_plan_config([], devices=8)
+    assert (config.data.max_prompt_length, config.data.max_response_length) == (2048, 20480)
+    config, _ = load_plan_config(["data.max_response_length=8192"], devices=8)
+    assert config.data.max_response_length == 8192
 
 
 def test_verl_dapo_32b_recipe_line_parses():

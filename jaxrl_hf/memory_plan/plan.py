@@ -40,7 +40,9 @@ from jaxrl_hf.workers.generation_layout import generation_parallel, jax_generati
 # the FSDP strategy, computing in bf16 over float32 params; and, where the algorithm YAMLs size theirs for a small
 # CPU host, a generation batch of data.train_batch_size prompts and one sequence per device per micro-batch.
 PLAN_DEFAULTS = ("actor.strategy=fsdp", "model.dtype=bfloat16", "data.gen_batch_size=null",
-                 "actor.ppo_micro_batch_size_per_device=1")
+                 "actor.ppo_micro_batch_size_per_device=1",
+                 # scoring changes no program; off, so a planned response shorter than the recipe's buffer is valid
+                 "reward_model.overlong_buffer.enable=false")
 DEFAULT_DEVICE_MEMORY = 80 * 2 ** 30
 
 
@@ -132,14 +134,15 @@ def load_plan_config(args: Sequence[str], devices: int, algo: str = "dapo") -> t
     overrides = [*PLAN_DEFAULTS, *_cluster_overrides(keys, devices), *keys.overrides]
     try:
         try:
-            config = load_config(algo, overrides=overrides, check_model=False)  # the planned model is --model
+            # the planned model is --model, so never the laptop sizing of the embedded default model
+            config = load_config(algo, overrides=overrides, check_model=False, laptop=False)
             _check_generation_layout(config)
             return _with_some_length(config), keys
         except (ConfigError, WorkerConfigError):
             fixes = _runnable_layout(keys)
             if not fixes:
                 raise
-        config = load_config(algo, overrides=overrides + [text for text, _ in fixes], check_model=False)
+        config = load_config(algo, overrides=overrides + [text for text, _ in fixes], check_model=False, laptop=False)
         _check_generation_layout(config)
     except ConfigError as err:
         raise ValueError(str(err)) from None
