@@ -175,3 +175,42 @@ def left_padded_update_columns(vocab_size: int, prompt: int, response: int, pads
     return {"input_ids": ids, "attention_mask": mask,
             "position_ids": np.maximum(np.cumsum(mask, -1) - 1, 0).astype(np.int32), "responses": ids[:, prompt:],
             "response_mask": response_mask, "advantages": advantages}
+
+
+def assert_hf_round_trip(tmp_path, architecture: str):
+    """``tmp_path/hf`` (a transformers checkpoint) -> params -> HF names bit for bit; ours -> config.json +
+    safetensors -> ours unchanged; transformers loads our export as ``architecture``. Returns ``(config, the
+    original state dict)``."""
+    import torch
+    import transformers
+    from safetensors.numpy import load_file
+
+    from jaxrl_hf.models import load_hf_dir, save_hf_dir
+    from jaxrl_hf.models.weights_hf import params_to_hf_state_dict
+
+    config, params = load_hf_dir(tmp_path / "hf")
+    original = load_file(str(tmp_path / "hf" / "model.safetensors"))
+    back = params_to_hf_state_dict(params, config)
+    assert sorted(back) == sorted(original)
+    for name, value in original.items():
+        assert back[name].shape == value.shape and np.array_equal(back[name], value), name
+    save_hf_dir(tmp_path / "ours", params, config)
+    config2, params2 = load_hf_dir(tmp_path / "ours")
+    assert config2 == config
+    assert jax.tree.all(jax.tree.map(np.array_equal, params, params2))
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "ours"), dtype=torch.float32)
+    assert type(reloaded).__name__ == architecture
+    return config, original
+
+
+def assert_logits_match_hf(hf_model, params, config, ids: np.ndarray, mask: np.ndarray, tol: float = 1e-4) -> None:
+    """Our float32 logits of left-padded ``ids`` equal the transformers model's on every unmasked position."""
+    import torch
+
+    ours = np.asarray(jax.jit(forward, static_argnums=1)(params, config, jnp.asarray(ids), jnp.asarray(mask)))
+    with torch.no_grad():
+        positions = torch.from_numpy(np.maximum(np.cumsum(mask, -1) - 1, 0))
+        ref = hf_model(input_ids=torch.from_numpy(ids).long(), attention_mask=torch.from_numpy(mask).long(),
+                       position_ids=positions).logits.numpy()
+    valid = mask.astype(bool)
+    np.testing.assert_allclose(ours[valid], ref[valid], atol=tol, rtol=tol)

@@ -4,15 +4,11 @@ window, greedy generation token for token, the HF checkpoint (``block_sparse_moe
 
 from __future__ import annotations
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
-from safetensors.numpy import load_file
 
-from jaxrl_hf.models import DecoderConfig, load_hf_dir, save_hf_dir
-from jaxrl_hf.models.forward import forward
-from jaxrl_hf.models.weights_hf import params_to_hf_state_dict
+from jaxrl_hf.models import DecoderConfig, load_hf_dir
+from _models_helpers import assert_hf_round_trip, assert_logits_match_hf
 from jaxrl_hf.rollout import JaxGenerationEngine, SamplingParams
 
 torch = pytest.importorskip("torch")
@@ -44,13 +40,7 @@ def test_logits_match_transformers(tmp_path, window):
     ids = np.random.default_rng(0).integers(3, TINY["vocab_size"], (2, 12)).astype(np.int32)
     mask = np.ones_like(ids)
     mask[1, :4] = 0
-    ours = np.asarray(jax.jit(forward, static_argnums=1)(params, config, jnp.asarray(ids), jnp.asarray(mask)))
-    with torch.no_grad():
-        positions = torch.from_numpy(np.maximum(np.cumsum(mask, -1) - 1, 0))
-        ref = hf(input_ids=torch.from_numpy(ids).long(), attention_mask=torch.from_numpy(mask).long(),
-                 position_ids=positions).logits.numpy()
-    valid = mask.astype(bool)
-    np.testing.assert_allclose(ours[valid], ref[valid], atol=1e-4, rtol=1e-4)
+    assert_logits_match_hf(hf, params, config, ids, mask)
 
 
 def test_greedy_generation_is_token_identical(tmp_path):
@@ -67,19 +57,8 @@ def test_greedy_generation_is_token_identical(tmp_path):
 
 def test_hf_round_trip_is_bit_exact(tmp_path):
     _hf_model(tmp_path / "hf")
-    config, params = load_hf_dir(tmp_path / "hf")
-    original = load_file(str(tmp_path / "hf" / "model.safetensors"))
+    _, original = assert_hf_round_trip(tmp_path, "MixtralForCausalLM")
     assert "model.layers.0.block_sparse_moe.experts.3.w2.weight" in original
-    back = params_to_hf_state_dict(params, config)
-    assert sorted(back) == sorted(original)
-    for name, value in original.items():
-        assert back[name].shape == value.shape and np.array_equal(back[name], value), name
-    save_hf_dir(tmp_path / "ours", params, config)
-    config2, params2 = load_hf_dir(tmp_path / "ours")
-    assert config2 == config
-    assert jax.tree.all(jax.tree.map(np.array_equal, params, params2))
-    reloaded = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "ours"), dtype=torch.float32)
-    assert type(reloaded).__name__ == "MixtralForCausalLM"
 
 
 def test_config_json_fields_defaults_and_refusals():

@@ -8,15 +8,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from safetensors.numpy import load_file
 
 from jaxrl_hf.mesh.rule_sets import FSDP, MEGATRON
 from jaxrl_hf.mesh.rules import logical_to_specs
-from jaxrl_hf.models import DecoderConfig, load_hf_dir, save_hf_dir
+from jaxrl_hf.models import DecoderConfig, load_hf_dir
 from jaxrl_hf.models.forward import forward, init_params, param_logical_axes, param_shapes
 from jaxrl_hf.models.moe import grouped_experts, route
-from jaxrl_hf.models.weights_hf import hf_state_dict_to_params, params_to_hf_state_dict
-from _models_helpers import tiny_config
+from jaxrl_hf.models.weights_hf import hf_state_dict_to_params
+from _models_helpers import assert_hf_round_trip, assert_logits_match_hf, tiny_config
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -55,31 +54,13 @@ def test_logits_match_transformers(tmp_path, variant):
     assert list(config.moe_layers) == [hf.model.layers[i].mlp.__class__.__name__ == "Qwen3MoeSparseMoeBlock"
                                        for i in range(TINY["num_hidden_layers"])]
     ids, mask = _batch()
-    ours = np.asarray(jax.jit(forward, static_argnums=1)(params, config, jnp.asarray(ids), jnp.asarray(mask)))
-    with torch.no_grad():
-        positions = torch.from_numpy(np.maximum(np.cumsum(mask, -1) - 1, 0))
-        ref = hf(input_ids=torch.from_numpy(ids).long(), attention_mask=torch.from_numpy(mask).long(),
-                 position_ids=positions).logits.numpy()
-    valid = mask.astype(bool)
-    np.testing.assert_allclose(ours[valid], ref[valid], atol=1e-4, rtol=1e-4)
+    assert_logits_match_hf(hf, params, config, ids, mask)
 
 
 @pytest.mark.parametrize("variant", ["all_sparse", "mlp_only_1"])
 def test_hf_round_trip_is_bit_exact(tmp_path, variant):
     _hf_model(tmp_path / "hf", **VARIANTS[variant])
-    config, params = load_hf_dir(tmp_path / "hf")
-    original = load_file(str(tmp_path / "hf" / "model.safetensors"))
-    back = params_to_hf_state_dict(params, config)
-    assert sorted(back) == sorted(original)
-    for name, value in original.items():
-        assert back[name].shape == value.shape and np.array_equal(back[name], value), name
-    # ours -> config.json + safetensors -> ours: the same config and tensors; transformers loads it too
-    save_hf_dir(tmp_path / "ours", params, config)
-    config2, params2 = load_hf_dir(tmp_path / "ours")
-    assert config2 == config
-    assert jax.tree.all(jax.tree.map(np.array_equal, params, params2))
-    reloaded = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "ours"), dtype=torch.float32)
-    assert type(reloaded).__name__ == "Qwen3MoeForCausalLM"
+    config, original = assert_hf_round_trip(tmp_path, "Qwen3MoeForCausalLM")
     with pytest.raises(KeyError, match="mlp.experts.3.up_proj"):
         hf_state_dict_to_params({k: v for k, v in original.items() if "layers.0.mlp.experts.3.up_proj" not in k},
                                 config)
