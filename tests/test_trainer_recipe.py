@@ -8,7 +8,8 @@
 * ``algorithm.filter_groups.metric``: ``score`` is the raw scorer output, ``seq_reward`` the summed
   ``token_level_scores``, ``seq_final_reward`` the summed ``token_level_rewards`` (KL penalty included);
 * ``algorithm.overlong_filter`` masks truncated samples out of the actor's loss (DAPO §3.4);
-* ReMax's greedy baseline is scored like the sampled responses (reward model included).
+* ReMax's greedy baseline is scored like the sampled responses (reward model included);
+* a rollout re-feeds an engine whose sleep discarded its weights (vLLM's sleep level 2).
 
 One actor worker (the DAPO smoke config: 8 samples per prompt over dp=8, mini-batches of one prompt, so 4
 optimizer updates per step, warm-up 2) serves every test; each test's trainer config differs from it only in
@@ -283,3 +284,22 @@ def test_default_dapo_config_makes_several_updates_per_step():
                                dp_processes=processes, epochs=actor.ppo_epochs)
     assert plan.num_minibatches * plan.epochs > 1, (plan, "optimizer updates per step")
     assert actor.clip_ratio_high > actor.clip_ratio_low
+
+
+def test_a_rollout_after_discarded_weights_resyncs_them_first(actor, monkeypatch):
+    """An engine whose sleep dropped its weights (vLLM's level 2, GPU only: `VllmRolloutEngine.weights_discarded`)
+    is fed the actor's current params before the rollout; one that kept them is not fed again."""
+    engine, fed = actor.engine, []
+
+    def set_params(params):
+        fed.append(params)
+        engine.weights_discarded = False
+
+    monkeypatch.setattr(engine, "set_params", set_params)
+    with actor._engine_for_rollout():
+        pass
+    assert fed == []
+    engine.weights_discarded = True
+    with actor._engine_for_rollout() as used:
+        assert used is engine and not engine.weights_discarded
+    assert len(fed) == 1 and fed[0] is actor.policy_params()
