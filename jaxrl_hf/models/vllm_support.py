@@ -18,8 +18,8 @@ gemma2          ``query_pre_attn_scalar``, both soft-caps, ``layer_types`` (alte
 gemma3_text     as Gemma 2 plus q/k norms and ``rope_parameters`` per layer type          test_rollout_vllm_families
 qwen3_moe       per-expert ``mlp.experts.{e}.*_proj`` (vLLM fuses them into ``w13``/``w2``), test_rollout_vllm_moe
                 ``mlp.gate`` router, ``mlp_only_layers`` / ``decoder_sparse_step``;
-                each expert split over the TP ranks as the MLP is                        test_rollout_vllm_tp
-mixtral         per-expert ``block_sparse_moe.experts.{e}.w1/w3/w2`` (fused as above),   test_rollout_vllm_moe
+                each expert split over the TP ranks as the MLP is                         test_rollout_vllm_tp
+mixtral         per-expert ``block_sparse_moe.experts.{e}.w1/w3/w2`` (fused as above),    test_rollout_vllm_moe
                 ``block_sparse_moe.gate``; no sliding window (below)
 ==============  ========================================================================  ==========================
 
