@@ -147,8 +147,8 @@ class VllmOptions:
     tensor_parallel_size / distributed_executor_backend: the TP size (> 1: ranks in the caller's processes).
     enable_sleep_mode: None = on where the platform supports it (CUDA), else off; True on CPU raises.
     sleep_level: ``llm.sleep``'s level, 2 (weights discarded, re-fed by the next sync) or 1 (weights kept on
-    host). sleep_after_generate: free the KV cache after each ``generate`` where sleep is supported. dtype: vLLM compute dtype (default the model's ``dtype``).
-    seed: vLLM's engine seed.
+    host). sleep_after_generate: free the KV cache after each ``generate`` where sleep is supported.
+    dtype: vLLM compute dtype (default the model's ``dtype``). seed: vLLM's engine seed.
     """
 
     logprobs_mode: str = "processed_logprobs"

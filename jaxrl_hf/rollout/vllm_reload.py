@@ -92,9 +92,10 @@ def mark_tp_presharded(worker: Any) -> dict[str, Any]:
     ``weight_loader`` (the loader that reads that flag as "do not narrow"; vLLM's newer per-parameter loaders
     always narrow). Vocab-parallel embedding and LM head: a loader that copies the padded shard. Fused experts
     (no expert parallelism): a loader that copies each expert's shard into its slot (vLLM's always narrows).
-    Set on the live parameters and on the metadata vLLM's layerwise reload rebuilds each layer from (whose references to the layer
-    are held as vLLM holds them there, bound to its placeholder), so they hold for every later reload. Returns what
-    was marked and this rank's vocabulary rows (for the caller to check against its own)."""
+    Set on the live parameters and on the metadata vLLM's layerwise reload rebuilds each layer from (whose
+    references to the layer are held as vLLM holds them there, bound to its placeholder), so they hold for every
+    later reload. Returns what was marked (the fused-expert layers too) and this rank's vocabulary rows (for the
+    caller to check against its own)."""
     from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
     from vllm.model_executor.layers.linear import LinearBase
     from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
