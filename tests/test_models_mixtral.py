@@ -78,3 +78,5 @@ def test_config_json_fields_defaults_and_refusals():
                                                            "num_key_value_heads", "head_dim")},
                          "model_type": "mixtral", "num_experts": 4, "num_experts_per_tok": 2,
                          "moe_intermediate_size": 32, "norm_topk_prob": True, "mlp_only_layers": (1,)})
+    with pytest.raises(ValueError, match="num_experts=4 with model_type='llama'"):
+        config.replace(model_type="llama")

@@ -217,6 +217,9 @@ class DecoderConfig:
                              f"0 .. {self.num_hidden_layers - 1}")
         if self.cpu_kernels:
             raise ValueError("DecoderConfig.cpu_kernels (panel-order kernels) has no MoE path; num_experts > 0")
+        if self.model_type not in MOE_MODEL_TYPES:
+            raise ValueError(f"DecoderConfig.num_experts={self.num_experts} with model_type={self.model_type!r}: the "
+                             f"mixture-of-experts families are {MOE_MODEL_TYPES}")
         if self.model_type == "mixtral" and (self.moe_intermediate_size != self.intermediate_size
                                              or not self.norm_topk_prob or not all(self.moe_layers)):
             raise ValueError("DecoderConfig model_type='mixtral': every layer sparse (no mlp_only_layers, "

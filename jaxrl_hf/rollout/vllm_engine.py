@@ -248,7 +248,6 @@ class VllmRolloutEngine:
     """
 
     engine_name = "vllm"
-    weights_discarded = False
     _live: "weakref.ref[VllmRolloutEngine] | None" = None
 
     def __init__(self, config: DecoderConfig, params: Any, *, pad_token_id: int, eos_token_ids: Sequence[int] = (),
@@ -415,7 +414,6 @@ class VllmRolloutEngine:
         t0 = time.perf_counter()
         if self._sleeping:
             self.memory.measure("wake", lambda: self._llm.wake_up(tags=["weights"]))
-            self.weights_discarded = False  # every weight is written below
         if self._tp_stream is not None:  # TP > 1: this rank's shards only, layer by layer
             gathered = params
             stream, stats = self._tp_stream.stream(params, self.sync_target)
@@ -465,7 +463,11 @@ class VllmRolloutEngine:
         if self.sleep_supported and not self._sleeping:
             self.memory.measure("sleep", lambda: self._llm.sleep(level=self.options.sleep_level))
             self._sleeping = True
-            self.weights_discarded = self.options.sleep_level == 2
+
+    @property
+    def weights_discarded(self) -> bool:
+        """Asleep at level 2: vLLM dropped the weights, which only ``set_params`` restores (it ends the sleep)."""
+        return self._sleeping and self.options.sleep_level == 2
 
     def wake_up(self) -> None:
         """Re-allocate everything put to sleep (``generate`` calls this itself); refused while the weights are

@@ -296,6 +296,7 @@ class TpShardStream:
         model, axes = params["model"], self.axes["model"]
         embed_axes = tuple(axes["embed_tokens"]["embedding"])
         yield emit("model.embed_tokens.weight", torch_of(self._program("vocab", embed_axes)(model["embed_tokens"]["embedding"])))
+
         def layer_shard(path: tuple[str, ...], index: np.int32) -> Any:
             leaf, logical = model["layers"], axes["layers"]
             for key in path:
