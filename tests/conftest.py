@@ -5,6 +5,24 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 
+def _run_compilation_cache() -> None:
+    """One persistent XLA compilation cache for the whole test run, made empty by the pytest process that starts
+    the run and inherited by its xdist workers and every process they start (Ray workers, subprocesses of
+    ``launch/*.py``): a program that several tests, modules or processes compile (the tiny models' forward, update
+    and generation programs) is compiled once. A fresh directory per run, so a run's time does not depend on an
+    earlier one; an explicit ``JAX_COMPILATION_CACHE_DIR`` wins."""
+    if "JAX_COMPILATION_CACHE_DIR" in os.environ:
+        return
+    import tempfile
+
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="jaxrl_hf_tests_xla_")
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
+
+
+_run_compilation_cache()
+
+
 import pytest  # noqa: E402
 
 PROCESS_MODULES = frozenset({
@@ -56,14 +74,10 @@ def ray_cluster():
 
 
 @pytest.fixture(scope="module")
-def trainer_session(tmp_path_factory):
-    """For modules that run the trainer in-process: one persistent XLA compilation cache (runs after the first
-    reuse the tiny model's compiled programs) and Ray shut down after the module (each run still starts its own
-    worker processes). Use with ``pytestmark = [..., pytest.mark.usefixtures("trainer_session")]``."""
-    if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
-        os.environ["JAX_COMPILATION_CACHE_DIR"] = str(tmp_path_factory.mktemp("xla_cache"))
-        os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
-        os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
+def trainer_session():
+    """For modules that run the trainer in-process: Ray shut down after the module (each run starts its own
+    worker processes; the run's compilation cache, `_run_compilation_cache`, serves their programs). Use with
+    ``pytestmark = [..., pytest.mark.usefixtures("trainer_session")]``."""
     yield
     import ray
 
