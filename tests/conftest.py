@@ -32,17 +32,14 @@ PROCESS_MODULES = frozenset({
     # the trainer with its Ray workers, or in a subprocess
     "test_trainer_e2e", "test_trainer_async", "test_trainer_agent", "test_trainer_lora", "test_reliability_signals",
     "test_reliability_restore", "test_reliability_nonfinite", "test_reliability_worker", "test_reliability_bad_input",
-    "test_trainer_verl_format", "test_packaging", "test_user_imports",
-    # Ray clusters whose workers hold models
-    "test_controller_multinode", "test_workers_groups", "test_rewards_prm",
+    "test_config_verl_cli", "test_trainer_verl_format", "test_packaging", "test_bench_gpu", "test_bench_trl_grpo", "test_user_imports",
+    # Ray clusters of several worker processes
+    "test_controller_multinode", "test_controller_failures", "test_controller_groups", "test_workers_groups",
+    "test_rewards_prm", "test_gpu_doctor", "test_gpu_memory_budget", "test_controller_gpu_devices",
 })
-"""Test modules that start Ray clusters of model-holding workers, vLLM engines or trainer processes, several GiB
-each. Under pytest-xdist's ``--dist loadfile`` (`make test` runs two workers) they form one unit of work, so one
-runs at a time beside the in-process tests (`pytest_xdist_make_scheduler`). Modules whose processes hold no model
-(Ray clusters of bare workers: ``test_controller_failures``, ``test_controller_groups``,
-``test_controller_gpu_devices``, ``test_gpu_doctor``, ``test_gpu_memory_budget``; the config dry runs of
-``test_config_verl_cli``; the benchmarks' CPU modes of ``test_bench_gpu`` and ``test_bench_trl_grpo``, tiny models)
-need no more memory than an in-process module and are scheduled like one."""
+"""Test modules that start Ray clusters, vLLM engines or trainer processes, several GiB each. Under pytest-xdist's
+``--dist loadfile`` (`make test` runs two workers) they form one unit of work, so one runs at a time beside the
+in-process tests (`pytest_xdist_make_scheduler`)."""
 
 
 @pytest.hookimpl(optionalhook=True)
