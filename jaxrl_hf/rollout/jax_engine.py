@@ -329,12 +329,13 @@ class JaxGenerationEngine:
 
     def _cpu_kernels_wanted(self, wanted: bool | None, mesh: jax.sharding.Mesh | None) -> bool:
         one_cpu = _on_cpu(mesh) and (mesh is None or mesh.devices.size == 1)
-        fits = one_cpu and self.unroll_layers and self.config.dtype == "float32"
+        fits = one_cpu and self.unroll_layers and self.config.dtype == "float32" and not self.config.num_experts
         if wanted is None:
             return fits and cpu_kernels.available()
         if wanted and not (fits and cpu_kernels.available()):
-            raise ValueError("JaxGenerationEngine(cpu_kernels=True) needs the unrolled float32 decode on one CPU "
-                             f"device (unroll_layers={self.unroll_layers}, dtype {self.config.dtype}) and the "
+            raise ValueError("JaxGenerationEngine(cpu_kernels=True) needs the unrolled float32 decode of a dense "
+                             f"model on one CPU device (unroll_layers={self.unroll_layers}, dtype "
+                             f"{self.config.dtype}, num_experts {self.config.num_experts}) and the "
                              f"kernels built (available: {cpu_kernels.available()}; the log says why not)")
         return bool(wanted)
 
