@@ -376,6 +376,20 @@ def test_cpu_kernels_are_refused_where_they_cannot_run():
         JaxGenerationEngine(config, random_params(config), pad_token_id=PAD, cpu_kernels=True)
 
 
+def test_a_mixture_of_experts_model_decodes_without_the_panel_kernels():
+    """The panel-order kernels have no expert path: the engine's own choice leaves them out on any CPU (an AVX-512
+    machine included), and asking for them names the reason."""
+    config = tiny_config(vocab_size=61, model_type="qwen3_moe", qk_norm=True, num_experts=4, num_experts_per_tok=2,
+                         moe_intermediate_size=32)
+    params = random_params(config)
+    engine = JaxGenerationEngine(config, params, pad_token_id=PAD)
+    assert engine.unroll_layers and not engine.cpu_kernels
+    out = engine.generate([[3, 4, 5]], SamplingParams(max_new_tokens=4, temperature=0.0))
+    assert out.response_ids.shape == (1, 4)
+    with pytest.raises(ValueError, match=r"of a dense model .* num_experts 4"):
+        JaxGenerationEngine(config, params, pad_token_id=PAD, cpu_kernels=True)
+
+
 def test_decode_phases_grow_the_unrolled_caches_in_steps_of_at_least_32():
     from jaxrl_hf.rollout.jax_engine import decode_phases
 
