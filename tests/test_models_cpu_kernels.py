@@ -1,5 +1,5 @@
-"""`jaxrl_hf.models.cpu_kernels` (XLA FFI kernels built with the machine's g++ on first use): the float32 matmul
-over weights in panel order (`models.panel_matmul`) and the attention over a stored KV cache, against numpy
+"""`jaxrl_hf.backends.cpu.ffi` (XLA FFI kernels built with the machine's g++ on first use): the float32 matmul
+over weights in panel order (`backends.cpu.panel_matmul`) and the attention over a stored KV cache, against numpy
 float64; the panel layout; their refusals; the build, its failure and the switch that turns them off."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxrl_hf.models import cpu_kernels as ck
-from jaxrl_hf.models import panel_matmul as pm
+from jaxrl_hf.backends.cpu import ffi as ck
+from jaxrl_hf.backends.cpu import panel_matmul as pm
 from jaxrl_hf.models.attention import NEG_INF
 
 needs_kernel = pytest.mark.skipif(not ck.available(), reason="needs x86-64 with AVX-512 and g++ (the kernels' build)")
@@ -89,8 +89,8 @@ def test_builds_into_a_fresh_cache(tmp_path):
 def test_switched_off_by_the_config_key():
     """``model.cpu_backend: off``: no fused update, no pair kernel, the native engine on XLA's scanned loop."""
     from jaxrl_hf.config.schema import OptimConfig
-    from jaxrl_hf.models import pair_matmul
-    from jaxrl_hf.workers.fused_adamw import fused_update_for
+    from jaxrl_hf.backends.cpu import pair_matmul
+    from jaxrl_hf.backends.cpu.fused_adamw import fused_update_for
 
     params = {"w": jnp.zeros((4, 4), jnp.float32)}
     assert fused_update_for(OptimConfig(), 1.0, params, None, cpu_backend="off") is None

@@ -1,4 +1,4 @@
-"""The bf16 pair kernel (`jaxrl_hf.models.pair_matmul`): its packing against numpy, its products against float64,
+"""The bf16 pair kernel (`jaxrl_hf.backends.cpu.pair_matmul`): its packing against numpy, its products against float64,
 the weight gradient of `models.matmul.matmul_f32_accumulate` through it against XLA's dot, and a model whose weight
 gradients run in it against the same model on XLA's dots."""
 
@@ -9,13 +9,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxrl_hf.models import cpu_kernels
-from jaxrl_hf.models import pair_matmul as pm
+from jaxrl_hf.backends.cpu import ffi
+from jaxrl_hf.backends.cpu import pair_matmul as pm
 from jaxrl_hf.models.config import DecoderConfig
 from jaxrl_hf.models.forward import init_params, token_log_probs_and_entropy
 from jaxrl_hf.models.matmul import matmul_f32_accumulate
 
-needs_pairs = pytest.mark.skipif(not cpu_kernels.bf16_pairs(), reason="the pair kernel needs AVX512-BF16 and g++")
+needs_pairs = pytest.mark.skipif(not ffi.bf16_pairs(), reason="the pair kernel needs AVX512-BF16 and g++")
 
 
 def _bf16(rs: np.random.RandomState, *shape: int, scale: float = 1.0) -> jnp.ndarray:
@@ -119,7 +119,7 @@ def test_only_bf16_training_on_one_cpu_device_asks_for_it(monkeypatch):
 
 
 def test_a_cpu_without_the_instructions_gets_a_clear_error(monkeypatch):
-    monkeypatch.setattr(cpu_kernels, "bf16_pairs", lambda: False)
+    monkeypatch.setattr(ffi, "bf16_pairs", lambda: False)
     x = jnp.ones((4, 96), jnp.bfloat16)
     with pytest.raises(ValueError, match="pair_kernels: the bf16 pair kernel does not run here"):
         jax.grad(lambda w: matmul_f32_accumulate(x, w, False, True).astype(jnp.float32).sum())(jnp.ones((96, 48)))

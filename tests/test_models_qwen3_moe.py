@@ -138,7 +138,7 @@ def test_moe_params_resolve_replicated_over_experts_under_the_rule_sets():
 
 def test_kv_cache_decode_unrolled_layers_and_gradients(variant="mlp_only_1"):
     from jaxrl_hf.models import init_kv_cache, make_module
-    from jaxrl_hf.models import layer_unrolled
+    from jaxrl_hf.backends.cpu import layer_unrolled
     from jaxrl_hf.models.llama import default_positions
 
     hf = {**TINY, "model_type": "qwen3_moe", **VARIANTS[variant]}

@@ -93,8 +93,8 @@ def test_non_editable_install_finds_its_configs_and_runs_the_console_scripts(tmp
     missing = [f for f in _config_files() if f"jaxrl_hf/configs/{f}" not in names]
     assert not missing, f"configs missing from the wheel: {missing}"
     assert "jaxrl_hf/mesh/__init__.py" in names and not any(n.startswith("configs/") for n in names)
-    assert "jaxrl_hf/models/kernels/panel_matmul.cc" in names  # the CPU decode kernel's source, built on first use
-    assert "jaxrl_hf/models/kernels/shared_items.h" in names  # and the header every kernel includes
+    assert "jaxrl_hf/backends/cpu/csrc/panel_matmul.cc" in names  # the CPU decode kernel's source, built on first use
+    assert "jaxrl_hf/backends/cpu/csrc/shared_items.h" in names  # and the header every kernel includes
     proc = subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q",
                            "--no-deps", "--no-index", str(wheel)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from _models_helpers import jit_forward, random_params, tiny_config
-from jaxrl_hf.models import cpu_kernels, token_log_probs_and_entropy
+from jaxrl_hf.backends.cpu import ffi
+from jaxrl_hf.models import token_log_probs_and_entropy
 from jaxrl_hf.rollout import JaxGenerationEngine, SamplingParams, top_k_filter, top_p_filter
 from jaxrl_hf.rollout.padding import DEFAULT_LENGTH_BUCKETS, bucket
 
@@ -329,7 +330,7 @@ def test_unrolled_layers_give_the_scanned_loops_samples(overrides, n, max_new):
     unrolled = JaxGenerationEngine(config, params, **kwargs)
     scanned = JaxGenerationEngine(config, params, unroll_layers=False, **kwargs)
     assert unrolled.unroll_layers and unrolled.keys_transposed and not scanned.unroll_layers
-    assert unrolled.cpu_kernels == cpu_kernels.available() and not scanned.cpu_kernels
+    assert unrolled.cpu_kernels == ffi.available() and not scanned.cpu_kernels
     a, b = unrolled.generate(_prompts(lengths=(5, 3, 7)), sp), scanned.generate(_prompts(lengths=(5, 3, 7)), sp)
     assert np.array_equal(a.response_ids, b.response_ids) and np.array_equal(a.response_mask, b.response_mask)
     np.testing.assert_allclose(a.log_probs, b.log_probs, rtol=2e-6, atol=2e-6)  # the products' summation order
@@ -342,12 +343,12 @@ def test_unrolled_layers_give_the_scanned_loops_samples(overrides, n, max_new):
     assert not _sliced_shapes(unrolled, sp) & layer_shapes
 
 
-@pytest.mark.skipif(not cpu_kernels.available(), reason="needs the CPU kernels (x86-64, AVX-512, g++)")
+@pytest.mark.skipif(not ffi.available(), reason="needs the CPU kernels (x86-64, AVX-512, g++)")
 @pytest.mark.parametrize("overrides", [dict(qkv_bias=True, o_bias=True, tie_word_embeddings=True),
                                        dict(sliding_window=4, layer_types=("sliding_attention", "full_attention"))],
                          ids=["bias, tied", "windows"])
 def test_cpu_kernels_decode_gives_the_plain_unrolled_loops_samples(overrides):
-    """The CPU float32 default where the kernels build (`models.cpu_kernels`): the projections and (untied) LM head
+    """The CPU float32 default where the kernels build (`backends.cpu.ffi`): the projections and (untied) LM head
     over weights held in panel order, in the prefill and the decode steps, and the decode steps' attention over the
     stored cache. The same tokens as XLA's ops over the same per-layer weights, log-probs to float32 summation
     order; ``params`` reads back the tree set."""

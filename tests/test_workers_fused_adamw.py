@@ -1,4 +1,4 @@
-"""The one-pass CPU optimizer update (`jaxrl_hf.workers.fused_adamw`) against AdamW's formula in float64 and against
+"""The one-pass CPU optimizer update (`jaxrl_hf.backends.cpu.fused_adamw`) against AdamW's formula in float64 and against
 optax's update, and inside the jitted, donated train step."""
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ import optax
 import pytest
 
 from jaxrl_hf.config.schema import OptimConfig
-from jaxrl_hf.models import cpu_kernels
-from jaxrl_hf.workers.fused_adamw import TARGET, FusedClipAdamW, clip_adamw, fused_update_for
+from jaxrl_hf.backends.cpu import ffi
+from jaxrl_hf.backends.cpu.fused_adamw import TARGET, FusedClipAdamW, clip_adamw, fused_update_for
 from jaxrl_hf.workers.optim import learning_rate, make_optimizer, set_learning_rate
 from jaxrl_hf.workers.train_step import TrainState, apply_update, init_train_state, make_train_step
 
-pytestmark = pytest.mark.skipif(not cpu_kernels.available(), reason="the CPU kernels need x86-64 AVX-512 and g++")
+pytestmark = pytest.mark.skipif(not ffi.available(), reason="the CPU kernels need x86-64 AVX-512 and g++")
 
 SHAPES = {"w": (37, 129), "v16": (16,), "tail": (16 * 1024 + 5,), "one": (1,), "empty": (0, 3)}
 EPS32 = float(np.finfo(np.float32).eps)

@@ -39,8 +39,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
+from jaxrl_hf.backends.cpu.ffi import cache_attention
 from jaxrl_hf.models.config import SUPPORTED_ATTN_IMPLEMENTATIONS
-from jaxrl_hf.models.cpu_kernels import cache_attention
 
 Array = jnp.ndarray
 NEG_INF = -0.7 * float(np.finfo(np.float32).max)  # finite "minus infinity": fully masked rows stay NaN-free
@@ -151,10 +151,10 @@ def cached_attention(q: Array, k: Array, v: Array, cache: dict[str, Array], atte
 def stored_attention(q: Array, cache: dict[str, Array], attention_mask: Array, cache_index: Array, scale: float,
                      window: Array | int | None = None, softcap: float | None = None, kernel: bool = False) -> Array:
     """Eager attention of ``T`` new queries over a cache that already holds their own keys/values at slots
-    ``cache_index + t`` (written before the read, `models.layer_unrolled`): one softmax over the cache's
+    ``cache_index + t`` (written before the read, `backends.cpu.layer_unrolled`): one softmax over the cache's
     slots, the same keys as `cached_attention` sees, without the separate own-key scores and their
     concatenation. Mask: `stored_attention_mask`. ``kernel`` (float32 keys stored ``"kt"``, no soft-cap): in
-    `models.cpu_kernels.cache_attention`, one pass over each (row, kv head)'s keys and values."""
+    `backends.cpu.ffi.cache_attention`, one pass over each (row, kv head)'s keys and values."""
     mask = stored_attention_mask(attention_mask, cache_index, cache["v"].shape[2], q.shape[1], window)
     if kernel and "kt" in cache and softcap is None and cache["kt"].dtype == jnp.float32:
         b, t = q.shape[:2]

@@ -76,10 +76,10 @@ class DecoderConfig:
     ``j·s + 2 .. j·s + s``, each group one run of at most ``T`` tokens; attention runs one group at a time
     (`shared_prompt_attention.grouped_prefix_attention`).
     ``cpu_kernels`` (float32 only; set by the CPU generation program, `layer_unrolled.cpu_kernel_module`): every
-    projection kernel holds its ``[fan_in, fan_out]`` matrix in panel order, applied by `models.panel_matmul`, and
-    attention over a stored cache runs in `models.cpu_kernels.cache_attention`. ``pair_kernels`` (bfloat16 only;
-    set by the actor's and critic's training programs where `models.pair_matmul.wanted`): the projections' weight
-    gradients run in `models.pair_matmul` (forward passes, the generation program included, are unchanged).
+    projection kernel holds its ``[fan_in, fan_out]`` matrix in panel order, applied by `backends.cpu.panel_matmul`, and
+    attention over a stored cache runs in `backends.cpu.ffi.cache_attention`. ``pair_kernels`` (bfloat16 only;
+    set by the actor's and critic's training programs where `backends.cpu.pair_matmul.wanted`): the projections' weight
+    gradients run in `backends.cpu.pair_matmul` (forward passes, the generation program included, are unchanged).
     MoE (``model_type`` ``qwen3_moe`` or ``mixtral``; ``num_experts = 0`` is a dense model): layer ``i`` is sparse iff ``i`` is
     not in ``mlp_only_layers`` and ``(i + 1) % decoder_sparse_step == 0`` (`moe_layers`); a sparse layer routes
     each token to ``num_experts_per_tok`` of ``num_experts`` SwiGLU experts of width ``moe_intermediate_size``

@@ -55,16 +55,16 @@ import jax.numpy as jnp
 import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
+from jaxrl_hf.backends.cpu.panel_matmul import panel_matmul
 from jaxrl_hf.mesh.rules import logical_to_spec
 from jaxrl_hf.models.attention import cached_attention, self_attention, soft_cap, stored_attention
 from jaxrl_hf.models.config import DecoderConfig
 from jaxrl_hf.models.matmul import matmul_f32_accumulate
 from jaxrl_hf.models.moe import MoEBlock, Routing
-from jaxrl_hf.models.stored_dtype import from_bits, to_stored
 from jaxrl_hf.models.packed_attention import per_row_attention
-from jaxrl_hf.models.panel_matmul import panel_matmul
 from jaxrl_hf.models.rope import apply_rope, rope_frequencies
 from jaxrl_hf.models.shared_prompt_attention import shared_prefix_attention, shared_prompt_attention
+from jaxrl_hf.models.stored_dtype import from_bits, to_stored
 
 Array = jnp.ndarray
 KVCache = dict[str, Array]
@@ -138,7 +138,7 @@ class _Proj(nn.Module):
     contract_dims: int = 1  # how many trailing dims of x are contracted
     f32_out: bool = False  # float32 results from a 16-bit compute dtype (the LM head's logits)
     panels: bool = False  # the kernel holds [fan_in, fan_out] in panel order (`DecoderConfig.cpu_kernels`)
-    pairs: bool = False  # the bf16 weight gradient in `models.pair_matmul` (`DecoderConfig.pair_kernels`)
+    pairs: bool = False  # the bf16 weight gradient in `backends.cpu.pair_matmul` (`DecoderConfig.pair_kernels`)
 
     @nn.compact
     def __call__(self, x: Array) -> Array:
@@ -180,7 +180,7 @@ class Attention(nn.Module):
     ``__call__`` returns ``(y, new_kv)``: ``new_kv`` holds this call's keys/values ``[B, T, kv_heads,
     head_dim]`` in the cache dtype (``None`` without a cache); the caller writes them into the cache.
     ``window`` is this layer's sliding window (a traced int, ``0`` = full attention; ``None`` when no layer
-    of the model slides). ``store`` (`models.layer_unrolled`): written into ``layer_cache`` first, returned as
+    of the model slides). ``store`` (`backends.cpu.layer_unrolled`): written into ``layer_cache`` first, returned as
     ``new_kv`` and read back from it (``attention.stored_attention``).
     """
 

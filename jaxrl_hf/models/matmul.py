@@ -17,7 +17,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from jaxrl_hf.models import pair_matmul
+from jaxrl_hf.backends.cpu import pair_matmul
 
 # XLA:CPU's bf16 dot (YNNPACK) can run slower at some row counts below 65 once K > 1024 (found with
 # ``bench_matmul_rows.py`` (removed; docs/perf_log/2026-11.md), which measures it per machine). On a CPU backend a row count in
@@ -35,7 +35,7 @@ def matmul_f32_accumulate(x: jnp.ndarray, w: jnp.ndarray, f32_out: bool = False,
                           w_transposed: bool = False) -> jnp.ndarray:
     """``x [M,K] · w [K,N]`` with ``w`` cast to ``x``'s dtype, every product accumulated in float32; the result
     in ``x``'s dtype, or float32 with ``f32_out`` (logits for a softmax). ``pair_kernel``: a bf16 ``∂W`` of the
-    backward in `models.pair_matmul.weight_gradient` (``DecoderConfig.pair_kernels``). ``w_transposed``: ``w``
+    backward in `backends.cpu.pair_matmul.weight_gradient` (``DecoderConfig.pair_kernels``). ``w_transposed``: ``w``
     is stored ``[N, K]`` (a tied LM head's embedding): ``x · wᵀ``, and ``∂W = ∂yᵀ · x`` comes out ``[N, K]``, so
     no transposed copy of a vocabulary-sized gradient is made."""
     y = _dot_f32(x, w.astype(x.dtype), _NT if w_transposed else _NN)
@@ -74,7 +74,7 @@ def _backward(f32_out: bool, pair_kernel: bool, w_transposed: bool, saved: tuple
     dx = _dot_f32(dy, w.astype(ct), _NN if w_transposed else _NT).astype(x.dtype)
     if w_transposed:  # ∂Wᵀ [N, K] = ∂yᵀ · x
         return dx, jax.lax.dot_general(dy, x.astype(ct), _TN, preferred_element_type=jnp.float32).astype(w.dtype)
-    if pair_kernel and ct == jnp.bfloat16:  # XLA:CPU would run this dot in float32 (`models.pair_matmul`)
+    if pair_kernel and ct == jnp.bfloat16:  # XLA:CPU would run this dot in float32 (`backends.cpu.pair_matmul`)
         return dx, pair_matmul.weight_gradient(x, dy).astype(w.dtype)
     dw = jax.lax.dot_general(x.astype(ct), dy, _TN, preferred_element_type=jnp.float32).astype(w.dtype)
     return dx, dw
@@ -117,7 +117,7 @@ def _lm_head_backward(w_transposed: bool, saved: tuple[jnp.ndarray, jnp.ndarray,
     w_target = jnp.take(wx if w_transposed else wx.T, targets, axis=0, mode="clip")  # [M, E]
     dx = _dot_f32(rest, wx, _NN if w_transposed else _NT) + at_target * w_target.astype(jnp.float32)
     if w_transposed:  # ∂Wᵀ [V, E] = restᵀ · x (restᵀ made once: XLA would fold the transpose into a dot whose
-        # operands XLA:CPU converts to float32, `models.pair_matmul`), then each row's target term at its row
+        # operands XLA:CPU converts to float32, `backends.cpu.pair_matmul`), then each row's target term at its row
         rest_t = jax.lax.optimization_barrier(rest.T)
         exact = at_target * x.astype(jnp.float32)
         dw = jax.lax.dot_general(rest_t, x, _NN, preferred_element_type=jnp.float32).at[targets].add(exact)

@@ -25,9 +25,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrl_hf.backends.cpu import ffi, layer_unrolled
 from jaxrl_hf.mesh.rules import logical_to_spec
 from jaxrl_hf.models.config import DecoderConfig
-from jaxrl_hf.models import cpu_kernels, layer_unrolled
 from jaxrl_hf.models.forward import compute_dtype_weights, decode_weights, make_module, param_shardings
 from jaxrl_hf.models.llama import (KV_CACHE_LOGICAL_AXES, CausalLM, default_positions, init_kv_cache,
                                    write_kv_cache)
@@ -279,7 +279,7 @@ class JaxGenerationEngine:
         self.batch_buckets = tuple(sorted(batch_buckets))
         self.cache_dtype = cache_dtype or default_cache_dtype(config)
         # XLA:CPU copies each layer's weights and cache slots out of stacked arrays at every decode step: on CPUs
-        # a float32 cache's layers are unrolled over per-layer weights and caches (`models.layer_unrolled`; 1.27x
+        # a float32 cache's layers are unrolled over per-layer weights and caches (`backends.cpu.layer_unrolled`; 1.27x
         # tokens/s at 64 x 128). A 16-bit cache has no in-place write there (each per-layer write converts the
         # whole cache): bf16 stays scanned over its bit patterns (unrolled 1.03-1.09x at 32 new tokens, 1.18x at
         # 128, bench_decode_layers.py (removed; docs/perf_log/2026-11.md); no faster in the default DAPO run's generations).
@@ -290,7 +290,7 @@ class JaxGenerationEngine:
         # float32 keys stored transposed: XLA:CPU's float32 q·kᵀ product over a [slots, head_dim] operand ran
         # 2-3x slower than q·k over [head_dim, slots]; a 16-bit cache's transposed write costs more than it saves
         self.keys_transposed = self.unroll_layers and jnp.dtype(self._cache_storage).itemsize == 4
-        # ... and its float32 projections and attention run in kernels of ours (`models.cpu_kernels`: weights held in
+        # ... and its float32 projections and attention run in kernels of ours (`backends.cpu.ffi`: weights held in
         # panel order; ~1.4x XLA's ops at 64 rows) where they build (x86-64, AVX-512, g++), on one device
         self.cpu_kernels = self._cpu_kernels_wanted(cpu_kernels, mesh)
         # The weights in the compute dtype once per set_params (XLA:CPU would convert them in every decode step),
@@ -331,12 +331,12 @@ class JaxGenerationEngine:
         one_cpu = _on_cpu(mesh) and (mesh is None or mesh.devices.size == 1)
         fits = one_cpu and self.unroll_layers and self.config.dtype == "float32" and not self.config.num_experts
         if wanted is None:
-            return fits and cpu_kernels.available()
-        if wanted and not (fits and cpu_kernels.available()):
+            return fits and ffi.available()
+        if wanted and not (fits and ffi.available()):
             raise ValueError("JaxGenerationEngine(cpu_kernels=True) needs the unrolled float32 decode of a dense "
                              f"model on one CPU device (unroll_layers={self.unroll_layers}, dtype "
                              f"{self.config.dtype}, num_experts {self.config.num_experts}) and the "
-                             f"kernels built (available: {cpu_kernels.available()}; the log says why not)")
+                             f"kernels built (available: {ffi.available()}; the log says why not)")
         return bool(wanted)
 
     # ------------------------------------------------------------------------------------------

@@ -47,17 +47,17 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_hf import mesh as meshlib
+from jaxrl_hf.backends.cpu import pair_matmul
 from jaxrl_hf.config.schema import RunConfig
 from jaxrl_hf.config.validate import rollout_tensor_parallel
 from jaxrl_hf.controller import PAD_ROWS_KEY, Batch, Dispatch, Worker, register
-from jaxrl_hf.models import pair_matmul, param_logical_axes
+from jaxrl_hf.models import param_logical_axes
 from jaxrl_hf.models.pretrained import tokenizer_dir
-from jaxrl_hf.workers.memory_metrics import memory_metrics
 from jaxrl_hf.rollout import ENGINE_NAMES, JaxGenerationEngine, RolloutEngine, SamplingParams, make_rollout_engine
 from jaxrl_hf.rollout.loops import RolloutRequest, make_rollout_loop
 from jaxrl_hf.workers import checkpoint as ckpt
-from jaxrl_hf.workers.checkpoint import export_hf_dir, hf_export_options
 from jaxrl_hf.workers.actor_programs import LOG_PROB_INPUTS, build_actor_update, log_probs_program
+from jaxrl_hf.workers.checkpoint import export_hf_dir, hf_export_options
 from jaxrl_hf.workers.common import (LoadedModel, WorkerConfigError, check_sequence_parallel_heads,
                                      lm_param_shardings, load_model, pad_sequences_to,
                                      reference_params, to_global, train_parallel, train_rule_set, worker_run_config)
@@ -65,6 +65,7 @@ from jaxrl_hf.workers.generation_layout import GenerationLayout, generation_para
 from jaxrl_hf.workers.group_packing import pack_micro_stack, token_counts as group_token_counts
 from jaxrl_hf.workers.lora_policy import LoraPolicy
 from jaxrl_hf.workers.losses import lm_log_prob_fn
+from jaxrl_hf.workers.memory_metrics import memory_metrics
 from jaxrl_hf.workers.minibatch import MiniBatchPlan, iterate_minibatches, mean_metrics
 from jaxrl_hf.workers.offload import OptimizerOffload
 from jaxrl_hf.workers.optim import update_schedule_step

@@ -14,11 +14,11 @@ from typing import Any, Mapping
 import jax
 import optax
 
+from jaxrl_hf.backends.cpu.fused_adamw import fused_update_for
 from jaxrl_hf.config.schema import ActorConfig, OptimConfig
 from jaxrl_hf.workers.common import WorkerConfigError
 from jaxrl_hf.workers.losses import (ACTOR_SUMMED_METRICS, ActorLossConfig, LogProbFn, actor_loss, actor_loss_config,
                                      actor_denominators)
-from jaxrl_hf.workers.fused_adamw import fused_update_for
 from jaxrl_hf.workers.optim import make_optimizer
 from jaxrl_hf.workers.train_step import TrainState, make_train_step, train_state_shardings
 

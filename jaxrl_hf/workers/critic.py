@@ -14,20 +14,21 @@ import jax
 import numpy as np
 
 from jaxrl_hf import mesh as meshlib
+from jaxrl_hf.backends.cpu import pair_matmul
+from jaxrl_hf.backends.cpu.fused_adamw import fused_update_for
 from jaxrl_hf.config.schema import RunConfig
 from jaxrl_hf.controller import PAD_ROWS_KEY, Batch, Dispatch, Worker, register
-from jaxrl_hf.models import pair_matmul, value_param_logical_axes, value_params_from_lm
+from jaxrl_hf.models import value_param_logical_axes, value_params_from_lm
 from jaxrl_hf.workers import checkpoint as ckpt
 from jaxrl_hf.workers.common import (LoadedModel, WorkerConfigError, check_sequence_parallel_heads, load_model,
                                      pad_sequences_to, param_shardings, to_global, train_parallel, train_rule_set,
                                      worker_run_config)
 from jaxrl_hf.workers.losses import (CRITIC_SUMMED_METRICS, critic_loss, critic_loss_config, response_denominator,
                                      value_head_fn)
-from jaxrl_hf.workers.fused_adamw import fused_update_for
+from jaxrl_hf.workers.memory_metrics import memory_metrics
 from jaxrl_hf.workers.minibatch import iterate_minibatches, mean_metrics
 from jaxrl_hf.workers.optim import make_optimizer, update_schedule_step
 from jaxrl_hf.workers.packed_forward import packed_value_fn
-from jaxrl_hf.workers.memory_metrics import memory_metrics
 from jaxrl_hf.workers.peak_flops import mfu_summary
 from jaxrl_hf.workers.token_batches import critic_micro_batching, has_response_tokens
 from jaxrl_hf.workers.train_step import TrainState, init_train_state, make_train_step, train_state_shardings

@@ -35,8 +35,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from jaxrl_hf.backends.cpu.fused_adamw import FusedClipAdamW
 from jaxrl_hf.config.schema import OptimConfig
-from jaxrl_hf.workers.fused_adamw import FusedClipAdamW
 from jaxrl_hf.workers.optim import learning_rate, set_learning_rate
 
 LossFn = Callable[[Any, Mapping[str, jax.Array], Any], tuple[jax.Array, Mapping[str, jax.Array]]]

@@ -1,4 +1,4 @@
-"""The float32 decode step's kernels (`models.cpu_kernels`) against XLA:CPU's ops, by row count:
+"""The float32 decode step's kernels (`backends.cpu.ffi`) against XLA:CPU's ops, by row count:
 
     python launch/bench/bench_cpu_kernels.py [--rows 1,4,16,32,64,128] [--slots 72,168] [--layers 30]
                                              [--repeats 5] [--json OUT]
@@ -16,7 +16,7 @@ faster. The two loops' results are checked equal to float32 summation error.
 **Attention** over a stored cache (`attention.stored_attention`: SmolLM2-135M's 3 kv heads of 3 queries, head_dim
 64, keys stored transposed), at ``--slots`` cache slots (the decode phases' 72-168 at 64 x 128): a chain over
 ``--layers`` distinct caches, ``q <- q + attention(q, cache_i) / 100``; ``xla``: the two batched products and the
-softmax as XLA runs them, ``kernel``: `cpu_kernels.cache_attention`. GB/s: the keys and values read per call
+softmax as XLA runs them, ``kernel``: `ffi.cache_attention`. GB/s: the keys and values read per call
 over its time.
 """
 
@@ -33,8 +33,8 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-from jaxrl_hf.models import cpu_kernels  # noqa: E402
-from jaxrl_hf.models import panel_matmul as pm  # noqa: E402
+from jaxrl_hf.backends.cpu import ffi  # noqa: E402
+from jaxrl_hf.backends.cpu import panel_matmul as pm  # noqa: E402
 from jaxrl_hf.models.attention import NEG_INF, _cache_scores, _cache_weighted_values  # noqa: E402
 
 SHAPES = {"q_proj / o_proj": (576, 576), "k_proj / v_proj": (576, 192), "gate_proj / up_proj": (576, 1536),
@@ -74,7 +74,7 @@ def attention_table(rng: np.random.Generator, rows: list[int], slots: list[int],
         return _cache_weighted_values(jax.nn.softmax(scores, axis=-1), cache)
 
     def kernel(q, cache, mask):
-        return cpu_kernels.cache_attention(q, cache["kt"], cache["v"], mask, d ** -0.5)
+        return ffi.cache_attention(q, cache["kt"], cache["v"], mask, d ** -0.5)
 
     def chain(attend):
         def run(q, caches, mask):
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
-    if not cpu_kernels.available():
+    if not ffi.available():
         raise SystemExit("bench_cpu_kernels: the kernels are unavailable here (x86-64 with AVX-512 and "
                          "g++ needed)")
     xla, panel = chain(jnp.dot), chain(pm.panel_matmul)

@@ -10,7 +10,7 @@ weight read twice and the two passes' weight gradients summed), on the same rows
 A shape ``GxNxPxR`` is ``G`` prompts x ``N`` samples, prompts left-padded to ``P`` columns, responses right-padded to
 ``R`` (lengths drawn per group / per sample, as a rollout lays them out). The model has SmolLM2-135M's dimensions
 (random weights, layers unrolled as ``configs/grpo.yaml`` and ``configs/dapo.yaml`` train them, the actor's
-training config: `models.pair_matmul.training_config`). Per shape and dtype: the jitted gradient of the token
+training config: `backends.cpu.pair_matmul.training_config`). Per shape and dtype: the jitted gradient of the token
 log-likelihood (the loss the actor's update differentiates), best of ``--repeats`` calls after a compile call, the
 four forms in one process, alternating, two rounds; the ratios padded / group rows, two-pass / group rows and
 group rows / packed group rows (> 1: the latter is faster), the decoder token positions each computes, and the
@@ -104,7 +104,8 @@ def run_shape(shape: str, dtype: str, repeats: int, prompt_real: tuple[int, int]
     import jax.numpy as jnp
     import numpy as np
 
-    from jaxrl_hf.models import DecoderConfig, init_params, pair_matmul
+    from jaxrl_hf.backends.cpu import pair_matmul
+    from jaxrl_hf.models import DecoderConfig, init_params
     from jaxrl_hf.workers.losses import response_log_probs
     from jaxrl_hf.workers import group_packing
     from jaxrl_hf.workers.shared_prompt import packed_group_log_probs, shared_prompt_log_probs

@@ -3,7 +3,7 @@
 XLA:CPU runs optax's ``clip_by_global_norm`` + ``adamw`` + ``apply_updates`` as four fusions per parameter: the
 clipped gradient is written out (its division is not duplicated into its two readers), the first and second
 moments are written and read back by the parameter's fusion: ~56 bytes of memory traffic a parameter. The
-kernel (``models/kernels/clip_adamw.cc``) reads ``g, p, m, v`` once and writes ``p, m, v`` in place (28 bytes;
+kernel (``backends/cpu/csrc/clip_adamw.cc``) reads ``g, p, m, v`` once and writes ``p, m, v`` in place (28 bytes;
 timed against optax's by ``bench_optimizer_update.py`` (removed; docs/perf_log/2026-11.md)). Same formula, float32 throughout; the scalar divisions are
 multiplications by reciprocals and the products' sums fused multiply-adds, so a value may differ from optax's by
 float32 rounding: both stay within 1.5 float32 roundings of the terms they sum of AdamW in float64
@@ -11,7 +11,7 @@ float32 rounding: both stay within 1.5 float32 roundings of the terms they sum o
 
 `FusedClipAdamW` is what `train_step.apply_update` runs in place of ``optimizer.update`` + ``apply_updates`` where
 `fused_update_for` says it can: every parameter float32, the train state on one CPU device, the CPU kernels
-available (`models.cpu_kernels.available`; ``model.cpu_backend: off`` turns them off). The optimizer state keeps
+available (`backends.cpu.ffi.available`; ``model.cpu_backend: off`` turns them off). The optimizer state keeps
 optax's structure, counts and injected learning rate, so checkpoints and `optim.set_learning_rate` see no difference.
 """
 
@@ -25,9 +25,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from jaxrl_hf.backends.cpu import ffi
+from jaxrl_hf.backends.cpu.layer_unrolled import split_layers, stack_layers
 from jaxrl_hf.config.schema import OptimConfig
-from jaxrl_hf.models import cpu_kernels
-from jaxrl_hf.models.layer_unrolled import split_layers, stack_layers
 
 TARGET = "jaxrl_hf_clip_adamw"
 
@@ -146,7 +146,7 @@ def fused_update_for(optim: OptimConfig, grad_clip: float | None, params: Any,
         return None
     if not all(jnp.dtype(x.dtype) == jnp.float32 for x in jax.tree.leaves(params)):
         return None
-    if not cpu_kernels.available():
+    if not ffi.available():
         return None
     return FusedClipAdamW(optim, grad_clip, unrolled_layers if stacks_layers(params, unrolled_layers) else 0)
 

@@ -18,7 +18,7 @@ each layer reads its own arrays, which need no slicing:
   7 of 90 ms a float32 step at 64 rows, docs/perf_log/2026-11.md).
 
 * `to_panels` / `cpu_kernel_module`: the weights with every projection kernel in panel order and the module
-  that runs them in `models.cpu_kernels` (`DecoderConfig.cpu_kernels`; the LM head untied).
+  that runs them in `backends.cpu.ffi` (`DecoderConfig.cpu_kernels`; the LM head untied).
 
 The numbers are those of the scanned decoder up to float32 summation order: the same layer module, the same
 keys seen, the same rounding of the new keys/values (`tests/test_rollout_engine.py`).
@@ -32,9 +32,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from jaxrl_hf.backends.cpu.panel_matmul import from_panel_order, to_panel_order
 from jaxrl_hf.models.config import DecoderConfig
 from jaxrl_hf.models.llama import CausalLM, DecoderLayer, KVCache
-from jaxrl_hf.models.panel_matmul import from_panel_order, to_panel_order
 
 Params = Any
 
@@ -57,7 +57,7 @@ FAN_IN_DIMS = {"o_proj": 2}
 
 
 def cpu_kernel_module(module: CausalLM) -> CausalLM:
-    """The module that runs on `to_panels` weights in `models.cpu_kernels` (``DecoderConfig.cpu_kernels``; its LM
+    """The module that runs on `to_panels` weights in `backends.cpu.ffi` (``DecoderConfig.cpu_kernels``; its LM
     head untied)."""
     return CausalLM(module.config.replace(cpu_kernels=True, tie_word_embeddings=False), module.mesh, module.rules)
 

@@ -5,7 +5,7 @@
 contiguous stream that ``kernels/panel_matmul.cc`` reuses from L2 for every 8-row block of a 256-row chunk of
 ``x``; each output is one float32 sum over ``k`` in order (XLA's dot differs from it by float32 summation order).
 At 64 rows it runs SmolLM2-135M's projections ~1.4x faster than XLA:CPU's dot (`launch/bench/bench_cpu_kernels.py`).
-Built and registered by `models.cpu_kernels` (`cpu_kernels.available`).
+Built and registered by `backends.cpu.ffi` (`ffi.available`).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def from_panel_order(w_panels: jnp.ndarray) -> jnp.ndarray:
 
 
 def panel_matmul(x: jnp.ndarray, w_panels: jnp.ndarray) -> jnp.ndarray:
-    """``x [M, K] · w [K, N]`` in float32 for ``w_panels = to_panel_order(w)`` (needs `cpu_kernels.available`)."""
+    """``x [M, K] · w [K, N]`` in float32 for ``w_panels = to_panel_order(w)`` (needs `ffi.available`)."""
     if x.ndim != 2 or w_panels.ndim != 2 or x.shape[1] != w_panels.shape[0]:
         raise ValueError(f"panel_matmul: x {x.shape} and w {w_panels.shape} are not [M, K] and [K, N]")
     if x.dtype != jnp.float32 or w_panels.dtype != jnp.float32:

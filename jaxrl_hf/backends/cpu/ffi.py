@@ -1,12 +1,12 @@
-"""The float32 CPU kernels: C++ sources in ``kernels/`` called as XLA FFI custom calls.
+"""The float32 CPU kernels: C++ sources in ``csrc/`` called as XLA FFI custom calls.
 
-* ``kernels/panel_matmul.cc``: ``x [M, K] · w [K, N]`` over ``w`` stored in panel order (`models.panel_matmul`);
-* ``kernels/cache_attention.cc``: one layer's attention over a KV cache that holds the new keys already, keys
+* ``csrc/panel_matmul.cc``: ``x [M, K] · w [K, N]`` over ``w`` stored in panel order (`backends.cpu.panel_matmul`);
+* ``csrc/cache_attention.cc``: one layer's attention over a KV cache that holds the new keys already, keys
   stored transposed (`cache_attention`; `attention.stored_attention` calls it);
-* ``kernels/clip_adamw.cc``: the optimizer update (clip + AdamW) of every parameter in one pass, in place
-  (`workers.fused_adamw`);
-* ``kernels/pair_matmul.cc``: bf16 products with float32 accumulation on AVX512-BF16, over an operand packed in
-  pairs (`models.pair_matmul`; where `bf16_pairs` says the CPU has the instructions).
+* ``csrc/clip_adamw.cc``: the optimizer update (clip + AdamW) of every parameter in one pass, in place
+  (`backends.cpu.fused_adamw`);
+* ``csrc/pair_matmul.cc``: bf16 products with float32 accumulation on AVX512-BF16, over an operand packed in
+  pairs (`backends.cpu.pair_matmul`; where `bf16_pairs` says the CPU has the instructions).
 
 The first two run the decode program, the third the train step, the fourth the bf16 training's weight gradients.
 All share their work among XLA's intra-op threads (the calling thread claims work too, so it never waits on a task
@@ -18,7 +18,7 @@ The library is compiled on first use with the machine's ``g++`` (``-march=native
 version and the CPU's model and flags, written to a temporary file and renamed (concurrent processes never load
 half a file). `available` says whether this process can use it: an x86-64 CPU with AVX-512 (F, BW, VL), a
 compiler; otherwise, and with ``model.cpu_backend: off``, the engine and the train step keep XLA's ops
-(`jax_engine.JaxGenerationEngine`, `workers.fused_adamw.fused_update_for`).
+(`jax_engine.JaxGenerationEngine`, `backends.cpu.fused_adamw.fused_update_for`).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-KERNELS = Path(__file__).with_name("kernels")
+KERNELS = Path(__file__).with_name("csrc")
 TARGETS = {"jaxrl_hf_panel_matmul": ("panel_matmul.cc", "JaxrlHfPanelMatmul"),
            "jaxrl_hf_cache_attention": ("cache_attention.cc", "JaxrlHfCacheAttention"),
            "jaxrl_hf_clip_adamw": ("clip_adamw.cc", "JaxrlHfClipAdamW"),
@@ -122,7 +122,7 @@ def cpu_flags() -> set[str]:
 
 
 def bf16_pairs() -> bool:
-    """Whether `models.pair_matmul` runs here: the kernels `available` and the CPU has AVX512-BF16."""
+    """Whether `backends.cpu.pair_matmul` runs here: the kernels `available` and the CPU has AVX512-BF16."""
     return "avx512_bf16" in cpu_flags() and available()
 
 

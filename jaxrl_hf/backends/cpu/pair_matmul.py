@@ -23,7 +23,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxrl_hf.models import cpu_kernels
+from jaxrl_hf.backends.cpu import ffi
 from jaxrl_hf.models.config import DecoderConfig
 
 PANEL = 48
@@ -32,14 +32,14 @@ PANEL = 48
 
 def wanted(dtype: str, mesh: Any = None, cpu_backend: str = "auto") -> bool:
     """Whether the training programs of a model in compute ``dtype`` use the kernel: ``model.cpu_backend`` not
-    ``off``, bf16, one CPU device, the kernel available (`cpu_kernels.bf16_pairs`) and no AMX (where XLA's dot
+    ``off``, bf16, one CPU device, the kernel available (`ffi.bf16_pairs`) and no AMX (where XLA's dot
     runs on the matrix units)."""
     devices = list(mesh.devices.flat) if mesh is not None else jax.devices()[:1]
     if cpu_backend == "off" or dtype != "bfloat16" or len(devices) != 1 or devices[0].platform != "cpu":
         return False
-    if "amx_bf16" in cpu_kernels.cpu_flags():
+    if "amx_bf16" in ffi.cpu_flags():
         return False
-    return cpu_kernels.bf16_pairs()
+    return ffi.bf16_pairs()
 
 
 def training_config(config: DecoderConfig, mesh: Any = None, cpu_backend: str = "auto") -> DecoderConfig:
@@ -75,7 +75,7 @@ def row_pairs_transposed(x: jnp.ndarray) -> jnp.ndarray:
 def weight_gradient(x: jnp.ndarray, dy: jnp.ndarray) -> jnp.ndarray:
     """``xᵀ · dy`` ``[K, N]`` float32 for ``x [M, K]`` and ``dy [M, N]`` in bf16 (rows padded to even, ``dy``'s
     columns to a multiple of `PANEL` and dropped again)."""
-    if not cpu_kernels.bf16_pairs():  # the kernel's instructions would fault: say why instead
+    if not ffi.bf16_pairs():  # the kernel's instructions would fault: say why instead
         raise ValueError("DecoderConfig.pair_kernels: the bf16 pair kernel does not run here (it needs an x86-64 "
                          "CPU with AVX512-BF16, g++, and model.cpu_backend not off); set it through "
                          "pair_matmul.training_config, which checks")
