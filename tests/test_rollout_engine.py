@@ -192,6 +192,30 @@ def test_top_p_filter_candidates_and_full_sort_agree_with_float64(spread):
         assert (len(ref) < NUCLEUS_CANDIDATES) == (spread == "peaked")
 
 
+def test_bisected_nucleus_keeps_ties_and_skips_masked_tokens():
+    """The bisection fallback (a flat row: the nucleus is larger than the candidates) over a row of few distinct
+    values — ties at the cutoff are kept as `_nucleus_cutoff` keeps them — after top-k masked some tokens to -inf,
+    and with -0.0 and +0.0 read as one value."""
+    from jaxrl_hf.rollout.sampling import NUCLEUS_CANDIDATES, _bisected_cutoff_keys, _ordered_keys
+    rng = np.random.default_rng(2)
+    vocab = 4 * NUCLEUS_CANDIDATES
+    logits = rng.integers(-3, 3, size=(3, vocab)).astype(np.float32) * np.float32(0.05)
+    logits[0, :40] = -np.inf
+    logits[1, ::2] = -0.0
+    logits[1, 1::2] = 0.0
+    for p in (0.3, 0.7, 0.95):
+        kept = np.isfinite(np.asarray(jax.jit(top_p_filter)(jnp.asarray(logits), jnp.float32(p))))
+        for i in range(3):
+            row = np.where(np.isfinite(logits[i]), logits[i], -1e30)
+            ref = _nucleus_reference(row, p)
+            cutoff = row[list(ref)].min()
+            assert set(np.flatnonzero(kept[i])) == set(np.flatnonzero(row >= cutoff)), (p, i)
+    keys = np.asarray(_ordered_keys(jnp.asarray([-np.inf, -2.0, -0.0, 0.0, 1e-38, 3.0], np.float32)))
+    assert (np.diff(keys.astype(np.int64)) >= 0).all() and keys[2] == keys[3]
+    log_norm = jax.nn.logsumexp(jnp.asarray(logits), axis=-1, keepdims=True)
+    assert np.asarray(_bisected_cutoff_keys(jnp.asarray(logits), log_norm, 0.7)).shape == (3, 1)
+
+
 def test_inverse_cdf_sampling_matches_the_distribution():
     from jaxrl_hf.rollout.sampling import categorical_by_inverse_cdf
     probs = np.array([0.0, 0.5, 0.0, 0.2, 0.3, 0.0], np.float64)

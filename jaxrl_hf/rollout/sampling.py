@@ -35,9 +35,8 @@ def top_k_filter(logits: jnp.ndarray, k: int) -> jnp.ndarray:
 
 
 NUCLEUS_CANDIDATES = 256
-"""Tokens the top-p filter first looks among (``lax.top_k``); a row whose nucleus is larger falls back to a full
-sort of its vocabulary (``lax.top_k`` of 256 costs far less than a sort of a 49k vocabulary:
-``bench_sampling.py`` (removed; docs/perf_log/2026-11.md))."""
+"""Tokens the top-p filter first looks among (``lax.top_k``); a batch with a row whose nucleus is larger finds
+every row's cutoff by bisection over the whole vocabulary (`_bisected_cutoff_keys`)."""
 
 
 def _nucleus_cutoff(sorted_logits: jnp.ndarray, log_norm: jnp.ndarray, p: float | jnp.ndarray) -> tuple:
@@ -52,26 +51,52 @@ def _nucleus_cutoff(sorted_logits: jnp.ndarray, log_norm: jnp.ndarray, p: float 
     return cutoff, ~keep[..., -1]
 
 
+def _ordered_keys(x: jnp.ndarray) -> jnp.ndarray:
+    """float32 -> uint32 keys with the same order (IEEE bit pattern: negatives' bits inverted, the sign bit set on
+    the rest; ``-0.0`` is read as ``+0.0``)."""
+    bits = jax.lax.bitcast_convert_type(jnp.where(x == 0, jnp.zeros_like(x), x), jnp.uint32)
+    return jnp.where(bits >> 31 == 1, ~bits, bits | jnp.uint32(0x80000000))
+
+
+def _bisected_cutoff_keys(logits: jnp.ndarray, log_norm: jnp.ndarray, p: float | jnp.ndarray) -> jnp.ndarray:
+    """The key (`_ordered_keys`) of each row's smallest kept logit, without sorting: the smallest ``t`` with
+    ``f(t) = sum_{key_i > t} softmax(z)_i < p``. ``f`` is a non-increasing step function that changes only at the
+    row's own keys, so that ``t`` is the key of a logit v with mass strictly above it < p — `_nucleus_cutoff`'s
+    rule — found by 32 halvings of the uint32 key range, each one masked sum over the vocabulary."""
+    probs = jnp.exp(logits - log_norm)
+    keys = _ordered_keys(logits)
+    lo = jnp.min(keys, axis=-1, keepdims=True) - 1  # f(lo) = the whole mass >= p (else everything is kept)
+    hi = jnp.max(keys, axis=-1, keepdims=True)  # f(hi) = 0 < p
+
+    def halve(_: int, bounds: tuple) -> tuple:
+        lo, hi = bounds
+        mid = lo + (hi - lo) // 2
+        below = jnp.sum(jnp.where(keys > mid, probs, 0.0), axis=-1, keepdims=True) < p
+        return jnp.where(below, lo, mid), jnp.where(below, mid, hi)
+
+    return jax.lax.fori_loop(0, 32, halve, (lo, hi))[1]
+
+
 def top_p_filter(logits: jnp.ndarray, p: float | jnp.ndarray) -> jnp.ndarray:
     """Nucleus filter: keep the top tokens whose cumulative probability first reaches ``p``.
 
     A token is kept iff the probability mass strictly before it (in descending order) is < p;
     ties with the last kept logit are kept too. ``p >= 1`` keeps everything.
 
-    Exact without sorting the vocabulary when it can be: the kept prefix is found among the
-    ``NUCLEUS_CANDIDATES`` largest logits (``lax.top_k``), normalised by the full vocabulary's logsumexp; only if
-    some row's nucleus does not end among them is the whole batch's vocabulary sorted.
+    The vocabulary is never sorted: the kept prefix is found among the ``NUCLEUS_CANDIDATES`` largest logits
+    (``lax.top_k``), normalised by the full vocabulary's logsumexp; if some row's nucleus does not end among them,
+    every row's cutoff is bisected over its whole vocabulary (`_bisected_cutoff_keys`; the same rule, the masses
+    summed in vocabulary order instead of descending order).
     """
     log_norm = jax.nn.logsumexp(logits, axis=-1, keepdims=True)
     k = min(NUCLEUS_CANDIDATES, logits.shape[-1])
     cutoff, complete = _nucleus_cutoff(jax.lax.top_k(logits, k)[0], log_norm, p)
-
-    def full_sort(_: jnp.ndarray) -> jnp.ndarray:
-        return _nucleus_cutoff(jnp.sort(logits, axis=-1)[..., ::-1], log_norm, p)[0]
-
+    keys = _ordered_keys(logits)
+    cutoff_key = _ordered_keys(cutoff)
     if k < logits.shape[-1]:
-        cutoff = jax.lax.cond(jnp.all(complete | (jnp.asarray(p) >= 1.0)), lambda c: c, full_sort, cutoff)
-    filtered = jnp.where(logits >= cutoff, logits, _MASKED)
+        cutoff_key = jax.lax.cond(jnp.all(complete | (jnp.asarray(p) >= 1.0)), lambda c: c,
+                                  lambda _: _bisected_cutoff_keys(logits, log_norm, p), cutoff_key)
+    filtered = jnp.where(keys >= cutoff_key, logits, _MASKED)
     return jnp.where(jnp.asarray(p) >= 1.0, logits, filtered)
 
 
