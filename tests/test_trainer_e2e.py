@@ -65,13 +65,24 @@ def comparable(record: dict) -> dict:
     return {k: v for k, v in record.items() if not is_wall_clock_metric(k)}
 
 
-def test_resume_after_checkpoint_logs_the_same_metrics(tmp_path):
-    """An uninterrupted 3-step run vs the same run killed while saving step 3 (its run directory as the kill
-    left it: checkpoint 3 half-written, step 3 already in metrics.jsonl) and resumed with the same command."""
-    scorer = tmp_path / "parity.py"
-    scorer.write_text(PARITY_SCORER)  # non-zero advantages, so the policy-gradient term moves the weights
+@pytest.fixture(scope="module")
+def grpo_run(tmp_path_factory):
+    """One uninterrupted 3-step GRPO run, shared: a scorer random text passes half the time (non-zero advantages,
+    so the policy-gradient term moves the weights), a checkpoint every step, the HF export at the end.
+    Returns ``(root, args, records)``; ``root / "full"`` is its run directory."""
+    root = tmp_path_factory.mktemp("grpo_run")
+    scorer = root / "parity.py"
+    scorer.write_text(PARITY_SCORER)
     args = ("trainer.total_steps=3", "trainer.save_freq=1", f"custom_reward_function.path={scorer}")
-    full = train("grpo", tmp_path / "full", *args)
+    records = train("grpo", root / "full", *args, "trainer.export_hf=true", "trainer.export_hf_dtype=float32")
+    return root, args, records
+
+
+def test_resume_after_checkpoint_logs_the_same_metrics(grpo_run, tmp_path):
+    """The shared uninterrupted run vs the same run killed while saving step 3 (its run directory as the kill
+    left it: checkpoint 3 half-written, step 3 already in metrics.jsonl) and resumed with the same command."""
+    root, args, full = grpo_run
+    command = (*args, "trainer.export_hf=true", "trainer.export_hf_dtype=float32")  # the shared run's own
     assert [r["step"] for r in full] == [1, 2, 3]
     for key in REQUIRED:
         assert key in full[-1], f"metrics.jsonl lacks {key}"
@@ -79,12 +90,12 @@ def test_resume_after_checkpoint_logs_the_same_metrics(tmp_path):
     for rec in full:  # MFU every step, against the peak the actor measured at start (none is configured)
         assert 0 < rec["perf/mfu/actor"] < 1 and rec["perf/peak_flops_per_device"] > 1e6, rec
     killed = tmp_path / "killed"
-    shutil.copytree(tmp_path / "full", killed)
+    shutil.copytree(root / "full", killed)
     ckpts = killed / "checkpoints"
     os.rename(ckpts / "global_step_3", ckpts / ".tmp_global_step_3")  # the commit rename never happened
     os.remove(ckpts / ".tmp_global_step_3" / "trainer_state.json")
     assert (ckpts / "latest_checkpointed_iteration.txt").read_text() == "3"  # stale tracker: must be ignored
-    resumed = train("grpo", killed, *args, cli=True)
+    resumed = train("grpo", killed, *command, cli=True)
     assert [r["step"] for r in resumed] == [1, 2, 3]
     assert comparable(resumed[2]) == comparable(full[2])
     assert comparable(resumed[0]) == comparable(full[0])
@@ -94,35 +105,34 @@ def test_resume_after_checkpoint_logs_the_same_metrics(tmp_path):
     # validating the step-3 checkpoint alone reproduces the run's own step-3 validation (same policy, same seeds)
     train("grpo", tmp_path / "eval", "trainer.val_only=true", "trainer.resume_mode=resume_path",
           f"trainer.resume_from_path={ckpts / 'global_step_3'}", *args)
-    val_full = [json.loads(x) for x in (tmp_path / "full" / "validation.jsonl").read_text().splitlines()]
+    val_full = [json.loads(x) for x in (root / "full" / "validation.jsonl").read_text().splitlines()]
     val_only = [json.loads(x) for x in (tmp_path / "eval" / "validation.jsonl").read_text().splitlines()]
     assert [r["step"] for r in val_only] == [3]
     assert comparable(val_only[0]) == comparable(val_full[-1])
 
 
-def test_a_smoke_runs_export_is_a_complete_model_path(tmp_path):
-    """The tiny random model's exports (``trainer.export_hf`` at the end of a run, and ``launch/export_hf.py`` on its
-    checkpoint) carry the tokenizer the run used and a generation config: each loads with ``load_pretrained``
-    and trains as the next run's ``model.path``."""
+def test_a_smoke_runs_export_is_a_complete_model_path(grpo_run, tmp_path):
+    """The tiny random model's exports (``trainer.export_hf`` at the end of the shared run, and
+    ``launch/export_hf.py`` on its last checkpoint) carry the tokenizer the run used and a generation config: each
+    loads with ``load_pretrained`` and trains as the next run's ``model.path``."""
     import numpy as np
 
     from jaxrl_hf.models import load_pretrained
     from jaxrl_hf.trainer.data import load_tokenizer
     from jaxrl_hf.trainer.hf_export import export_checkpoint
 
-    train("grpo", tmp_path / "tiny", "trainer.total_steps=1", "trainer.save_freq=1", "trainer.val_before_train=false",
-          "trainer.export_hf=true", "trainer.export_hf_dtype=float32")
-    exported = export_checkpoint(str(tmp_path / "tiny"), str(tmp_path / "exported"), dtype="float32")
+    run_dir = grpo_run[0] / "full"
+    exported = export_checkpoint(str(run_dir), str(tmp_path / "exported"), dtype="float32")
     reference = load_tokenizer("tiny-random")
     loaded = {}
-    for path in (tmp_path / "tiny" / "hf_actor", exported):
+    for path in (run_dir / "hf_actor", exported):
         for name in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"):
             assert os.path.isfile(os.path.join(path, name)), (path, name)
         lm = load_pretrained(str(path))
         assert lm.tokenizer.encode("12 + 7 =") == reference.encode("12 + 7 =")
         assert lm.tokenizer.eos_token_id == reference.eos_token_id
         loaded[str(path)] = lm.params
-    first, second = loaded.values()  # the same step-1 weights, by either path
+    first, second = loaded.values()  # the same step-3 weights, by either path
     for a, b in zip(jax.tree.leaves(first), jax.tree.leaves(second)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     records = train("grpo", tmp_path / "next", f"model.path={exported}", "trainer.total_steps=1",
@@ -188,34 +198,41 @@ def test_dapo_dynamic_sampling_refills(tmp_path, capfd):
             assert key in rec
 
 
-def test_bypass_mode_uses_the_rollout_log_probs_and_skips_the_pass(tmp_path):
+@pytest.fixture(scope="module")
+def one_batch_runs(tmp_path_factory):
+    """GRPO with one mini-batch x one epoch per step (the smoke preset's whole batch of 4 prompts), three ways:
+    ``pass``: the old-log-prob pass run anyway (``actor.skip_old_log_prob_when_on_policy=false``); ``skip``: the
+    default, no pass (π_old = stop_gradient(π_θ)); ``bypass``: ``actor.rollout_correction.bypass_mode`` (π_old =
+    the sampler's log-probs)."""
+    root = tmp_path_factory.mktemp("one_batch")
+    scorer = root / "parity.py"
+    scorer.write_text(PARITY_SCORER)
+    args = (f"custom_reward_function.path={scorer}", "trainer.val_before_train=false", "trainer.save_freq=100",
+            "actor.ppo_mini_batch_size=4")
+    extra = {"pass": ("actor.skip_old_log_prob_when_on_policy=false",), "skip": (),
+             "bypass": ("actor.skip_old_log_prob_when_on_policy=false", "actor.rollout_correction.bypass_mode=true")}
+    return {name: train("grpo", root / name, *args, *more) for name, more in extra.items()}
+
+
+def test_bypass_mode_uses_the_rollout_log_probs_and_skips_the_pass(one_batch_runs):
     """``actor.rollout_correction.bypass_mode``: π_old = the sampler's log-probs, no ``compute_log_prob`` stage;
     the native engine's log-probs equal the trainer's to f32 round-off, so the update matches the recomputed one."""
-    scorer = tmp_path / "parity.py"
-    scorer.write_text(PARITY_SCORER)
-    args = (f"custom_reward_function.path={scorer}", "trainer.val_before_train=false", "trainer.save_freq=100")
-    recomputed = train("grpo", tmp_path / "recompute", *args)
-    bypassed = train("grpo", tmp_path / "bypass", *args, "actor.rollout_correction.bypass_mode=true")
+    recomputed, bypassed = one_batch_runs["pass"], one_batch_runs["bypass"]
     assert "timing_s/old_log_prob" in recomputed[0] and "timing_s/old_log_prob" not in bypassed[0]
     assert recomputed[0]["rollout_corr/mismatch_abs_logprob_diff"] < 1e-4  # why the bypass is legitimate here
     assert bypassed[0]["rollout_corr/mismatch_abs_logprob_diff"] == 0.0
-    for a, b in zip(recomputed, bypassed):
+    for a, b in zip(recomputed, bypassed, strict=True):
         assert a["critic/score/mean"] == b["critic/score/mean"]
         for key in ("actor/pg_loss", "actor/grad_norm", "actor/entropy"):
             assert b[key] == pytest.approx(a[key], rel=1e-3, abs=1e-6), key
 
 
-def test_a_one_step_update_skips_the_old_log_prob_pass(tmp_path):
+def test_a_one_step_update_skips_the_old_log_prob_pass(one_batch_runs):
     """One mini-batch x one epoch per step: no ``compute_log_prob`` stage, π_old = stop_gradient(π_θ) in the loss
     (ratio 1: ``ppo_kl`` 0), and the same training as with the pass (``actor.skip_old_log_prob_when_on_policy``)."""
-    scorer = tmp_path / "parity.py"
-    scorer.write_text(PARITY_SCORER)
-    args = (f"custom_reward_function.path={scorer}", "trainer.val_before_train=false", "trainer.save_freq=100",
-            "actor.ppo_mini_batch_size=4")  # the smoke preset's whole batch of 4 prompts
-    skipped = train("grpo", tmp_path / "skip", *args)
-    recomputed = train("grpo", tmp_path / "pass", *args, "actor.skip_old_log_prob_when_on_policy=false")
+    recomputed, skipped = one_batch_runs["pass"], one_batch_runs["skip"]
     assert "timing_s/old_log_prob" not in skipped[0] and "timing_s/old_log_prob" in recomputed[0]
-    for a, b in zip(recomputed, skipped):
+    for a, b in zip(recomputed, skipped, strict=True):
         assert b["actor/ppo_kl"] == 0.0 and b["actor/pg_clipfrac"] == 0.0
         assert a["critic/score/mean"] == b["critic/score/mean"]
         for key in ("actor/pg_loss", "actor/grad_norm", "actor/entropy"):
