@@ -19,7 +19,7 @@ from jaxrl_hf.config.build import ConfigError
 from jaxrl_hf.config.schema import ModelConfig
 from jaxrl_hf.models import attention as attn
 from jaxrl_hf.models import packed_attention
-from jaxrl_hf.models.config import SUPPORTED_ATTN_IMPLEMENTATIONS, SUPPORTED_REMAT
+from jaxrl_hf.models.config import SUPPORTED_REMAT
 from jaxrl_hf.models.forward import forward, init_params, next_token_targets, token_log_probs_and_entropy
 from jaxrl_hf.workers.common import WorkerConfigError, load_model
 
@@ -346,7 +346,9 @@ def test_config_keys():
     # names kept in one place each: the schema's Literal choices equal the model's supported values
     hints = typing.get_type_hints(ModelConfig)
     assert set(typing.get_args(hints["remat"])) == set(SUPPORTED_REMAT)
-    assert set(typing.get_args(hints["attn_implementation"])) == set(SUPPORTED_ATTN_IMPLEMENTATIONS)
+    assert attn.implementation_names() == ["auto", "blockwise", "cudnn", "eager"]
+    with pytest.raises(ConfigError, match=r"model.attn_implementation'='flash'.*attention implementation.*'auto'"):
+        load_config("grpo", preset="smoke", overrides=["model.attn_implementation=flash"])
 
     verl_key = "actor_rollout_ref.model.enable_gradient_checkpointing=true"
     config = load_config("grpo", preset="smoke", overrides=[verl_key, "model.attn_implementation=blockwise"])

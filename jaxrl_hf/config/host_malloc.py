@@ -3,9 +3,8 @@
 XLA:CPU allocates the temporaries of every executable call in one block (``posix_memalign``; ~1 GB for the
 default run's actor update) and frees it when the call ends. glibc serves a block that large with a fresh
 ``mmap`` and gives it back with ``munmap``, so every call page-faults its whole working set in again and the
-kernel zeroes every page: measured ~400 k minor faults and ~0.8 s of system time per 2.1 s update of
-SmolLM2-135M on 4 × 96 tokens (``bench_host_malloc.py`` (removed; docs/perf_log/2026-11.md)). Three glibc tunables keep such memory
-for reuse instead:
+kernel zeroes every page (minor faults and system time in proportion to the working set, every call). Three glibc
+tunables keep such memory for reuse instead:
 
 * ``glibc.malloc.arena_max=1``: one arena, the ``brk`` heap (a block bigger than a thread arena's 64 MB heap
   would be ``mmap``-ed whatever the other settings);

@@ -22,7 +22,14 @@ REGISTERED_KEYS: dict[str, str] = {
     "rollout.loop": "jaxrl_hf.rollout.loops:ROLLOUT_LOOPS",
     "actor.strategy": "jaxrl_hf.mesh.rule_sets:RULE_SETS",
     "critic.strategy": "jaxrl_hf.mesh.rule_sets:RULE_SETS",
+    "model.attn_implementation": "jaxrl_hf.models.attention:ATTENTION_IMPLEMENTATIONS",
+    "critic.model.attn_implementation": "jaxrl_hf.models.attention:ATTENTION_IMPLEMENTATIONS",
 }
+CHOICES_BESIDE_NAMES: dict[str, tuple[str, ...]] = {
+    "model.attn_implementation": ("auto",),
+    "critic.model.attn_implementation": ("auto",),
+}
+"""Values a key accepts that are not entries of its registry (``auto``: the run picks an entry)."""
 
 
 def registry_for(key: str) -> Registry:
@@ -32,8 +39,11 @@ def registry_for(key: str) -> Registry:
 
 
 def config_value(config: Any, key: str) -> Any:
-    """The value at dotted ``key`` of a config dataclass (``"actor.policy_loss.loss_mode"``)."""
+    """The value at dotted ``key`` of a config dataclass (``"actor.policy_loss.loss_mode"``); ``None`` below an
+    unset optional section (``critic.model``)."""
     for part in key.split("."):
+        if config is None:
+            return None
         config = getattr(config, part)
     return config
 
@@ -44,8 +54,10 @@ def check_registered_names(config: Any) -> None:
     for key in REGISTERED_KEYS:
         value = config_value(config, key)
         registry = registry_for(key)
-        if value is not None and value not in registry:
+        extra = CHOICES_BESIDE_NAMES.get(key, ())
+        if value is not None and value not in registry and value not in extra:
             raise ConfigError(
-                f"config key '{key}'={value!r}: not a registered {registry.kind}; valid names: {registry.names()} "
+                f"config key '{key}'={value!r}: not a registered {registry.kind}; valid names: "
+                f"{[*extra, *registry.names()]} "
                 "(a name registered by your own module needs --import FILE_OR_MODULE, or the config key 'imports')"
             )

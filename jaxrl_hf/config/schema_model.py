@@ -58,17 +58,17 @@ class ModelConfig:
     enable_gradient_checkpointing: bool = False
     """verl's switch (``actor_rollout_ref.model.enable_gradient_checkpointing``): ``true`` means ``remat=full``
     unless ``remat`` names a policy."""
-    attn_implementation: Literal["auto", "eager", "blockwise", "cudnn"] = "auto"
-    """Self-attention without a KV cache: ``eager`` (materialises the [T, T] scores), ``blockwise``
-    (flash-attention-style online softmax in pure JAX, O(T) memory), ``cudnn`` (cuDNN flash attention; GPU,
-    bfloat16/float16), ``auto`` (cudnn where usable, else blockwise above 1024 tokens, else eager). Decoding
-    over the KV cache is always eager. See ``jaxrl_hf.models.attention``."""
+    attn_implementation: str = "auto"
+    """Self-attention without a KV cache, a name in ``jaxrl_hf.models.attention.ATTENTION_IMPLEMENTATIONS``:
+    ``eager`` (materialises the [T, T] scores), ``blockwise`` (flash-attention-style online softmax in pure JAX,
+    O(T) memory), ``cudnn`` (cuDNN flash attention; GPU, bfloat16/float16), what an ``--import``ed module
+    registers, or ``auto`` (cudnn where usable, else blockwise above 1024 tokens, else eager). Decoding over the KV
+    cache is always eager."""
     scan_layers: bool = True
     """Run the decoder layers as one XLA loop (``true``: compile time independent of depth) or unrolled
     (``false``: one straight-line program; the parameters stay stacked the same way). MaxText's key. Unrolled
     compiles in time proportional to depth; where a backend copies a loop's stacked activations every layer it
-    can run faster (measured per machine: ``bench_layer_loop.py`` (removed; docs/perf_log/2026-11.md)). Generation
-    always keeps the loop. Large models keep ``true``."""
+    can run faster. Generation always keeps the loop. Large models keep ``true``."""
     seed: int = 0
     cpu_backend: Literal["auto", "off"] = "auto"
     """The optional CPU backend (docs/CPU_BACKEND.md: the C++ kernels, the fused clip + AdamW, the bf16 pair

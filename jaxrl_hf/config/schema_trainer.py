@@ -105,4 +105,4 @@ class TrainerConfig:
     ``token`` (truncated importance sampling against the stale sampler)."""
     compilation_cache_dir: Optional[str] = "~/.cache/jaxrl_hf/xla"
     """JAX persistent compilation cache shared by the worker processes (null: off). A rerun skips XLA
-    compilation (the smoke preset: ~2x faster); compiled programs are identical, so results are too."""
+    compilation; compiled programs are identical, so results are too."""

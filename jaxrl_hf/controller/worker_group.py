@@ -37,7 +37,7 @@ from jaxrl_hf.controller.worker import Worker
 
 
 # Shared arguments at least this large are put in the object store once instead of being
-# serialised into every rank's call (a put costs ~1 ms, more than inlining a small payload).
+# serialised into every rank's call (below it, one object-store put costs more than inlining the payload).
 SHARED_PAYLOAD_PUT_BYTES = 1 << 20
 
 

@@ -10,8 +10,10 @@ case, and a padded query sees no key (a *fully-masked row*). A sliding ``window`
 per layer; ``0`` = no window) also hides keys with ``j <= i - w`` (HF's ``sliding_window``). A ``softcap`` ``c``
 (Gemma 2's ``attn_logit_softcapping``) replaces the scaled scores ``s`` by ``c * tanh(s / c)`` before masking.
 
-Implementations of self-attention without a KV cache (``DecoderConfig.attn_implementation``, config key
-``model.attn_implementation``):
+Implementations of self-attention without a KV cache are the entries of `ATTENTION_IMPLEMENTATIONS` (the one
+list of names ``DecoderConfig.attn_implementation`` / config key ``model.attn_implementation`` accepts, besides
+``auto``); each is ``fn(q, k, v, segments, scale, *, window, softcap) -> out`` registered with ``usable``, a
+function ``(dtype, head_dim, windowed, softcapped) -> reason or None``. Adding one is one registered entry:
 
 * ``eager`` — `eager_attention`: materialises the ``[B, kv_heads, groups, T, T]`` scores (the reference).
   A fully-masked row gets the mean of ``v`` (a uniform softmax over equal "minus infinity" scores).
@@ -24,6 +26,9 @@ Implementations of self-attention without a KV cache (``DecoderConfig.attn_imple
   (GPU, float16/bfloat16 only).
 * ``auto`` — `resolve_implementation`: cudnn where usable (no window, no softcap), else blockwise above
   `AUTO_BLOCKWISE_MIN_KEYS` keys, else eager.
+
+A module passed with ``--import`` (config key ``imports``) may register more, e.g.
+``@ATTENTION_IMPLEMENTATIONS.register("mine", usable=lambda dtype, head_dim, windowed, softcapped: None)``.
 
 Decoding over a KV cache (`cached_attention`) is always eager: its scores are ``[T_new, cache_len]``.
 """
@@ -40,7 +45,7 @@ import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
 from jaxrl_hf.backends.cpu.ffi import cache_attention
-from jaxrl_hf.models.config import SUPPORTED_ATTN_IMPLEMENTATIONS
+from jaxrl_hf.registry import Registry
 
 Array = jnp.ndarray
 NEG_INF = -0.7 * float(np.finfo(np.float32).max)  # finite "minus infinity": fully masked rows stay NaN-free
@@ -49,6 +54,17 @@ AUTO_BLOCKWISE_MIN_KEYS = 1024
 """``auto`` uses ``blockwise`` when there are more keys than this (below it the [T, T] scores are small)."""
 CUDNN_DTYPES = ("float16", "bfloat16")
 CONFIG_KEY = "model.attn_implementation"
+AUTO = "auto"
+"""The value of `CONFIG_KEY` that is not an entry: `resolve_implementation` picks one per call."""
+
+
+def _always_usable(dtype: Any, head_dim: int, windowed: bool, softcapped: bool) -> str | None:
+    """The ``usable`` of a form that expresses every mask, dtype and head size."""
+    return None
+
+
+ATTENTION_IMPLEMENTATIONS: Registry = Registry("attention implementation", metadata={"usable": _always_usable})
+"""Self-attention without a KV cache by name (module docstring)."""
 
 
 # ------------------------------------------------------------------------------------------ masks
@@ -96,6 +112,7 @@ def split_attention_masks(attention_mask: Array, cache_index: Array, cached_len:
 
 
 # ------------------------------------------------------------------------------------------ eager
+@ATTENTION_IMPLEMENTATIONS.register("eager")
 def eager_attention(q: Array, k: Array, v: Array, segments: Array, scale: float,
                     window: Array | int | None = None, softcap: float | None = None) -> Array:
     """Reference self-attention: ``softmax(where(mask, soft_cap(q k^T * scale), -inf)) v`` with the full
@@ -115,8 +132,7 @@ def head_batched_attention(q: Array, k: Array, v: Array, mask: Array, scale: flo
     """`masked_attention` with both products as matmuls batched over (row, kv head), kept as two batch dimensions
     (a mesh shards them apart: rows over dp, kv heads over tp), each head group's queries one ``[groups·T, D]``
     matrix, as `cached_attention` reads its cache; used by the packed update (`shared_prompt_attention.
-    shared_prefix_attention`; its speed against the 5-d contractions: ``bench_update_forms.py`` (removed; docs/perf_log/2026-11.md)).
-    Generation keeps `masked_attention`."""
+    shared_prefix_attention`). Generation keeps `masked_attention`."""
     b, t, heads, groups, d = q.shape
     s = k.shape[1]
     qn = q.transpose(0, 2, 3, 1, 4).reshape(b, heads, groups * t, d)
@@ -135,9 +151,8 @@ def cached_attention(q: Array, k: Array, v: Array, cache: dict[str, Array], atte
     both, the cache (``{"k", "v"}: [B, kv_heads, S, D]``, or its ``uint16`` bit patterns) only read.
 
     Over the cache the queries of a (row, kv head) are one ``[groups * T, D]`` matrix, so both products are
-    batched matmuls on the cache's stored layout with float32 results (XLA:CPU runs exactly this form in
-    its fast kernels: 0.16 / 0.14 ms against 0.34 / 1.17 ms for the 5-d contractions at a 64-row step of
-    SmolLM2-135M). Masks: `split_attention_masks`."""
+    batched matmuls on the cache's stored layout with float32 results, each product one contraction over
+    ``head_dim`` or the cache's slots with no transpose of the cache. Masks: `split_attention_masks`."""
     dt, t, cached_len = q.dtype, q.shape[1], cache["v"].shape[2]
     cached_mask, new_mask = split_attention_masks(attention_mask, cache_index, cached_len, t, window)
     scores = soft_cap(jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) * scale, softcap)
@@ -338,6 +353,7 @@ def _flash_bwd(scale, block_q, block_k, softcap, residuals, d_out):  # noqa: ANN
 _flash.defvjp(_flash_fwd, _flash_bwd)
 
 
+@ATTENTION_IMPLEMENTATIONS.register("blockwise")
 def blockwise_attention(q: Array, k: Array, v: Array, segments: Array, scale: float,
                         block_q: int = DEFAULT_BLOCK_SIZE, block_k: int = DEFAULT_BLOCK_SIZE,
                         window: Array | int | None = None, softcap: float | None = None) -> Array:
@@ -411,7 +427,19 @@ def prefix_length_attention(q: Array, k: Array, v: Array, segments: Array, scale
     return jnp.where((segments != 0)[:, :, None, None, None], out, jnp.zeros((), out.dtype))
 
 
-def cudnn_attention(q: Array, k: Array, v: Array, segments: Array, scale: float) -> Array:
+def cudnn_unusable(dtype: Any, head_dim: int, windowed: bool, softcapped: bool) -> str | None:
+    """Why ``cudnn`` cannot run a layer (`cudnn_usable`, plus the sliding window and soft-cap that the cuDNN path
+    here cannot express), or ``None``."""
+    if windowed:
+        return "the model has sliding-window layers (config.json sliding_window)"
+    if softcapped:
+        return "the model soft-caps attention logits (config.json attn_logit_softcapping)"
+    return cudnn_usable(dtype, head_dim)
+
+
+@ATTENTION_IMPLEMENTATIONS.register("cudnn", usable=cudnn_unusable)
+def cudnn_attention(q: Array, k: Array, v: Array, segments: Array, scale: float,
+                    window: Array | int | None = None, softcap: float | None = None) -> Array:
     """cuDNN fused flash attention (``jax.nn.dot_product_attention(..., implementation="cudnn")``, causal).
 
     jax 0.10.2's public API expresses masks only as ``is_causal`` plus per-row *prefix* lengths
@@ -421,7 +449,7 @@ def cudnn_attention(q: Array, k: Array, v: Array, segments: Array, scale: float)
     packed segments (several ids in a row) or gaps cannot be expressed that way, and a batch holding such a
     row takes `blockwise_attention` instead (a ``lax.cond`` on the data; both branches are compiled).
     """
-    reason = cudnn_usable(q.dtype, q.shape[-1])
+    reason = cudnn_unusable(q.dtype, q.shape[-1], window is not None, bool(softcap))
     if reason is not None:
         raise ValueError(f"{CONFIG_KEY}='cudnn' is not usable: {reason}; use 'auto', 'blockwise' or 'eager'")
     one_run = _contiguous_runs(segments.astype(jnp.int32))[2]
@@ -432,37 +460,31 @@ def cudnn_attention(q: Array, k: Array, v: Array, segments: Array, scale: float)
 # ------------------------------------------------------------------------------------------ dispatch
 def resolve_implementation(name: str, num_keys: int, dtype: Any, head_dim: int, windowed: bool = False,
                            softcapped: bool = False) -> str:
-    """The implementation ``name`` (`DecoderConfig.attn_implementation`) runs as for ``num_keys`` keys:
-    ``auto`` -> ``cudnn`` when `cudnn_usable` (and no sliding window or soft-cap, which the cuDNN path here
-    cannot express), else ``blockwise`` above `AUTO_BLOCKWISE_MIN_KEYS` keys, else ``eager``. An explicit
-    ``cudnn`` that cannot run raises naming ``model.attn_implementation``."""
-    unexpressible = ("the model has sliding-window layers (config.json sliding_window)" if windowed else
-                     "the model soft-caps attention logits (config.json attn_logit_softcapping)" if softcapped
-                     else None)
-    if name == "auto":
-        if unexpressible is None and cudnn_usable(dtype, head_dim) is None:
+    """The `ATTENTION_IMPLEMENTATIONS` entry ``name`` (`DecoderConfig.attn_implementation`) runs as for
+    ``num_keys`` keys: ``auto`` -> ``cudnn`` when its ``usable`` says so, else ``blockwise`` above
+    `AUTO_BLOCKWISE_MIN_KEYS` keys, else ``eager``. An explicit name whose ``usable`` gives a reason raises
+    naming `CONFIG_KEY` and the reason."""
+    if name == AUTO:
+        if cudnn_unusable(dtype, head_dim, windowed, softcapped) is None:
             return "cudnn"
         return "blockwise" if num_keys > AUTO_BLOCKWISE_MIN_KEYS else "eager"
-    if name == "cudnn":
-        reason = unexpressible or cudnn_usable(dtype, head_dim)
-        if reason is not None:
-            raise ValueError(f"{CONFIG_KEY}='cudnn' is not usable: {reason}; use 'auto', 'blockwise' or 'eager'")
-    elif name not in ("eager", "blockwise"):
-        raise ValueError(f"{CONFIG_KEY}={name!r}; valid: {SUPPORTED_ATTN_IMPLEMENTATIONS}")
+    if name not in ATTENTION_IMPLEMENTATIONS:
+        raise ValueError(f"{CONFIG_KEY}={name!r}; valid: {implementation_names()}")
+    reason = ATTENTION_IMPLEMENTATIONS.info(name)["usable"](dtype, head_dim, windowed, softcapped)
+    if reason is not None:
+        raise ValueError(f"{CONFIG_KEY}={name!r} is not usable: {reason}; use 'auto', 'blockwise' or 'eager'")
     return name
 
 
-IMPLEMENTATIONS = {"eager": eager_attention, "blockwise": blockwise_attention, "cudnn": cudnn_attention}
+def implementation_names() -> list[str]:
+    """Every value `CONFIG_KEY` accepts: ``auto`` and the registered implementations."""
+    return [AUTO, *ATTENTION_IMPLEMENTATIONS.names()]
 
 
-def self_attention(q: Array, k: Array, v: Array, segments: Array, scale: float, implementation: str = "auto",
+def self_attention(q: Array, k: Array, v: Array, segments: Array, scale: float, implementation: str = AUTO,
                    window: Array | int | None = None, softcap: float | None = None) -> Array:
     """Causal, segment-masked self-attention (no KV cache) by ``implementation`` (see `resolve_implementation`),
     with an optional sliding ``window`` and logit ``softcap`` (module docstring)."""
     name = resolve_implementation(implementation, k.shape[1], q.dtype, q.shape[-1], window is not None,
                                   bool(softcap))
-    if name == "cudnn":
-        return cudnn_attention(q, k, v, segments, scale)
-    if name == "blockwise":
-        return blockwise_attention(q, k, v, segments, scale, window=window, softcap=softcap)
-    return eager_attention(q, k, v, segments, scale, window, softcap)
+    return ATTENTION_IMPLEMENTATIONS.get(name)(q, k, v, segments, scale, window=window, softcap=softcap)

@@ -48,7 +48,6 @@ SUPPORTED_DTYPES = ("float32", "bfloat16", "float16")
 SUPPORTED_REMAT = ("none", "full", "dots", "dots_no_batch", "save_attn_out", "save_attn_out_mlp_in",
                    "dots_no_batch_attn_out")
 """Rematerialisation policies of the decoder layers (``jaxrl_hf.models.llama.REMAT_POLICIES`` documents each)."""
-SUPPORTED_ATTN_IMPLEMENTATIONS = ("auto", "eager", "blockwise", "cudnn")
 """Self-attention implementations (``jaxrl_hf.models.attention`` documents each)."""
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
@@ -185,9 +184,11 @@ class DecoderConfig:
             raise ValueError(f"DecoderConfig.cpu_kernels needs dtype float32, got {self.dtype!r}")
         if self.pair_kernels and self.dtype != "bfloat16":
             raise ValueError(f"DecoderConfig.pair_kernels needs dtype bfloat16, got {self.dtype!r}")
-        if self.attn_implementation not in SUPPORTED_ATTN_IMPLEMENTATIONS:
+        from jaxrl_hf.models.attention import implementation_names  # JAX's import only when a model is built
+
+        if self.attn_implementation not in implementation_names():
             raise ValueError(f"DecoderConfig.attn_implementation={self.attn_implementation!r} (config key "
-                             f"model.attn_implementation); valid: {SUPPORTED_ATTN_IMPLEMENTATIONS}")
+                             f"model.attn_implementation); valid: {implementation_names()}")
         self._check_moe()
         rope_type = self.rope_type
         if rope_type not in SUPPORTED_ROPE_TYPES:

@@ -113,7 +113,7 @@ class RMSNorm(nn.Module):
     def __call__(self, x: Array) -> Array:
         init = nn.initializers.zeros if self.unit_offset else nn.initializers.ones
         scale = self.param("scale", _init(init, (self.axis_name,)), (x.shape[-1],), self.param_dtype)
-        unit = x.ndim > 2 and x.shape[0] == 1  # one packed row: XLA:CPU reduces [1, L, E] ~5x slower than [L, E]
+        unit = x.ndim > 2 and x.shape[0] == 1  # one packed row normalised as [L, E]: the same sums, fewer axes
         xf = (x[0] if unit else x).astype(jnp.float32)
         normed = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
         factor = scale.astype(jnp.float32) + (1.0 if self.unit_offset else 0.0)
@@ -149,7 +149,7 @@ class _Proj(nn.Module):
         kernel = from_bits(kernel, self.dtype)
         # One 2-D matmul [rows, fan_in] @ [fan_in, fan_out]: the same product as contracting the trailing dims
         # in place, but its backward needs no transposed copy of the [B, T, ...] cotangent, which XLA:CPU emits
-        # for the N-D form (2.1x slower MLP forward + backward measured on the CI Xeon; GPUs are indifferent).
+        # for the N-D form.
         # Low precision accumulates in f32 forward and backward (`matmul_f32_accumulate`).
         lead, x2, w2 = x.shape[: x.ndim - self.contract_dims], x.reshape(-1, fan_in), kernel.reshape(fan_in, -1)
         if self.panels:

@@ -1,9 +1,9 @@
 """Low-precision matmul with float32 accumulation in both directions of autodiff.
 
 ``jnp.dot(x, w, preferred_element_type=float32)`` asks for f32 accumulation in the forward pass only: JAX
-transposes it into low-precision backward dots. On a CPU with bf16 matrix units (this CI's Xeon: AMX) XLA routes
-only the f32-accumulating bf16 dots to them (~1.8 TFLOP/s vs ~0.32 for a plain bf16 dot here), and on any
-device f32 accumulation keeps the gradients' sums exact to f32. So the backward below is written out:
+transposes it into low-precision backward dots. Some backends route only f32-accumulating bf16 dots to their
+matrix units, and on any device f32 accumulation keeps the gradients' sums exact to f32. So the backward below is
+written out:
 
     y  = (x · W)           accumulated in f32, stored in x's dtype
     ∂x = (∂y · Wᵀ)         accumulated in f32, stored in x's dtype
@@ -19,9 +19,9 @@ import jax.numpy as jnp
 
 from jaxrl_hf.backends.cpu import pair_matmul
 
-# XLA:CPU's bf16 dot (YNNPACK) can run slower at some row counts below 65 once K > 1024 (found with
-# ``bench_matmul_rows.py`` (removed; docs/perf_log/2026-11.md), which measures it per machine). On a CPU backend a row count in
-# ``[lo, hi]`` is computed as ``to`` rows (zero rows appended, dropped after): (lo, hi, to).
+# On a CPU backend a bf16 dot with K > 1024 and a row count in ``[lo, hi]`` is computed as ``to`` rows (zero rows
+# appended, dropped after): (lo, hi, to). The same product; row counts where XLA:CPU's bf16 dot (YNNPACK) picks a
+# slow tiling (docs/CPU_BACKEND.md).
 CPU_DOT_ROW_PADDING = ((40, 45, 46), (49, 55, 56), (61, 64, 65))
 SLOW_CPU_MIN_K = 1025
 
@@ -93,7 +93,7 @@ def lm_head_matmul(x: jnp.ndarray, w: jnp.ndarray, targets: jnp.ndarray, w_trans
 
     ``∂z`` is ``g·(onehot(y) − p)`` plus an entropy term: its one large entry, at ``y``, is taken exactly in
     float32, and the rest, ``p``-sized and of both signs, is rounded to bf16 with its relative error, so the products
-    run as bf16 matmuls (the default update 1.02-1.03x faster, ``bench_update_forms.py`` (removed; docs/perf_log/2026-11.md)). Rounding all of ``∂z`` biased ``∂x``: the ``−1`` of the
+    run as bf16 matmuls. Rounding all of ``∂z`` biased ``∂x``: the ``−1`` of the
     one-hot does not cancel (`tests/test_models_lm_head_matmul.py`). An untied ``w`` (``[E, V]``) keeps the
     float32 ``∂W`` of `matmul_f32_accumulate`. Each row's ``W_y`` is gathered along the vocabulary as the
     leading axis: a gather along axis 1 of a vocabulary-sharded ``[E, V]`` came out wrong inside the sharded

@@ -89,7 +89,7 @@ def per_row_attention(q: Array, k: Array, v: Array, segments: Array, rows: int, 
 def concurrent_parts(rows: int) -> int:
     """In how many parts `per_row_attention` attends to ``rows`` row slots: on a CPU backend one part per core, up to
     ``rows`` (XLA:CPU runs a batched attention matmul on one thread, but independent ops on its pool's threads at
-    once; measured in docs/perf_log/2026-11.md); 1 elsewhere."""
+    once); 1 elsewhere."""
     if jax.default_backend() != "cpu":
         return 1
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1

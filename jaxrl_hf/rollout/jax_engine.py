@@ -50,8 +50,7 @@ def cache_storage_dtype(cache_dtype: str, config: DecoderConfig, as_bits: bool) 
 
     XLA:CPU has no in-place 16-bit float ``dynamic-update-slice`` or ``dynamic-slice``: a bf16 cache would be
     converted to float32 and back as a whole to write one slot and sliced through float32 per layer. As
-    integers it is written in place and each layer's slots are read as stored; the numbers are the same
-    (``bench_kv_cache_dtype.py`` (removed; docs/perf_log/2026-11.md))."""
+    integers it is written in place and each layer's slots are read as stored; the numbers are the same."""
     if as_bits and cache_dtype == config.dtype and jnp.dtype(cache_dtype).itemsize == 2:
         return "uint16"
     return cache_dtype
@@ -268,8 +267,8 @@ class JaxGenerationEngine:
                              "stacked decode loop (unroll_layers off)")
         self.record_routing = bool(record_routing)  # GenerationOutput.routed_experts (routing replay R3)
         unroll_layers = False if record_routing else unroll_layers
-        # Decoding keeps the layer loop whatever model.scan_layers says for training: an unrolled f32 decode
-        # step ran at 0.53x the scanned one's tokens/s here (bench_layer_loop.py (removed; docs/perf_log/2026-11.md)).
+        # Decoding keeps the layer loop whatever model.scan_layers says for training (an unrolled decode is the
+        # CPU backend's per-layer form below, not a flattened loop).
         config = dataclasses.replace(config, scan_layers=True)
         self.config = config
         self.pad_token_id = int(pad_token_id)
@@ -279,19 +278,18 @@ class JaxGenerationEngine:
         self.batch_buckets = tuple(sorted(batch_buckets))
         self.cache_dtype = cache_dtype or default_cache_dtype(config)
         # XLA:CPU copies each layer's weights and cache slots out of stacked arrays at every decode step: on CPUs
-        # a float32 cache's layers are unrolled over per-layer weights and caches (`backends.cpu.layer_unrolled`; 1.27x
-        # tokens/s at 64 x 128). A 16-bit cache has no in-place write there (each per-layer write converts the
-        # whole cache): bf16 stays scanned over its bit patterns (unrolled 1.03-1.09x at 32 new tokens, 1.18x at
-        # 128, bench_decode_layers.py (removed; docs/perf_log/2026-11.md); no faster in the default DAPO run's generations).
+        # a float32 cache's layers are unrolled over per-layer weights and caches (`backends.cpu.layer_unrolled`).
+        # A 16-bit cache has no in-place write there (each per-layer write converts the whole cache): bf16 stays
+        # scanned over its bit patterns.
         wide = jnp.dtype(self.cache_dtype).itemsize == 4
         self.unroll_layers = _on_cpu(mesh) and wide if unroll_layers is None else bool(unroll_layers)
         as_bits = _on_cpu(mesh) and not self.unroll_layers if cache_as_bits is None else bool(cache_as_bits)
         self._cache_storage = cache_storage_dtype(self.cache_dtype, config, as_bits)
-        # float32 keys stored transposed: XLA:CPU's float32 q·kᵀ product over a [slots, head_dim] operand ran
-        # 2-3x slower than q·k over [head_dim, slots]; a 16-bit cache's transposed write costs more than it saves
+        # float32 keys stored transposed ([head_dim, slots], the operand order XLA:CPU's float32 q·k product
+        # reads contiguously); a 16-bit cache's transposed write costs more than it saves
         self.keys_transposed = self.unroll_layers and jnp.dtype(self._cache_storage).itemsize == 4
         # ... and its float32 projections and attention run in kernels of ours (`backends.cpu.ffi`: weights held in
-        # panel order; ~1.4x XLA's ops at 64 rows) where they build (x86-64, AVX-512, g++), on one device
+        # panel order) where they build (x86-64, AVX-512, g++), on one device
         self.cpu_kernels = self._cpu_kernels_wanted(cpu_kernels, mesh)
         # The weights in the compute dtype once per set_params (XLA:CPU would convert them in every decode step),
         # for a stacked loop in a form it slices natively (`decode_weights`). A second copy of the weights: on by

@@ -11,9 +11,7 @@ import numpy as np
 def length_buckets(largest: int = 8192) -> tuple[int, ...]:
     """Prompt-length buckets: multiples of 8 from 16 to 64, then four steps per doubling (80, 96, 112, 128, 160, ...,
     ``largest``): a prompt of 9 or more tokens is padded by at most 7 tokens or a fifth of its bucket, against up
-    to half with powers of two; each bucket used is one more compiled generate program. (64 rows of 34-39-token
-    prompts, 128 new tokens in bf16: a 40-slot prefill and 168 cache slots instead of 64 and 192, 1.16x tokens/s:
-    docs/perf_log/2026-11.md.)"""
+    to half with powers of two; each bucket used is one more compiled generate program."""
     sizes = list(range(16, 65, 8))
     while sizes[-1] < largest:
         base = sizes[-1]

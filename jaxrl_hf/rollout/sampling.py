@@ -105,7 +105,7 @@ def categorical_by_inverse_cdf(keys: jax.Array, logits: jnp.ndarray) -> jnp.ndar
     per row: token = #{i : C_i <= u * C_V}, C = cumsum(softmax(logits)), u ~ U[0, 1) from the row's key.
 
     The same distribution as ``jax.random.categorical`` (Gumbel-max), with one uniform per row instead of one per
-    vocabulary entry (``bench_sampling.py`` (removed; docs/perf_log/2026-11.md))."""
+    vocabulary entry."""
     probs = jax.nn.softmax(logits, axis=-1)
     cdf = jnp.cumsum(probs, axis=-1)
     u = jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float32))(keys)

@@ -16,8 +16,7 @@ prompt's activations receive the sum over the group's samples, which is what bac
 copies computes). The decoder processes ``G·P + G·n·R`` token positions instead of ``G·n·(P + R)``, about half at
 GRPO's usual prompt/response shapes. Every projection is one matmul over all of them, and each weight is read once
 forward and once backward: an earlier form ran a prompt pass, then a response pass over its KV cache, which read
-every weight twice, ran each matmul at fewer rows, and summed the two passes' weight gradients (the group rows made
-the default DAPO run's actor update 1.2x faster; docs/perf_log/2026-11.md).
+every weight twice, ran each matmul at fewer rows, and summed the two passes' weight gradients.
 
 Rows that are not whole groups of equal prompts take the padded forward (`groups_share_prompts` decides, on the
 host, per pass), and so do widths at which the padded forward would not attend eagerly (blockwise or cuDNN

@@ -117,8 +117,7 @@ def apply_update(state: TrainState, grads: Any, optimizer: optax.GradientTransfo
     finite = jnp.isfinite(grad_norm)
     lr = learning_rate(optim, state.step if schedule_step is None else schedule_step)
     # the update runs under a device-side branch: a non-finite update leaves the state as it was, with no
-    # select of new against old over every parameter and moment (1.8-2.3x on the update alone, bit-identical:
-    # bench_optimizer_update.py (removed; docs/perf_log/2026-11.md); the default DAPO run's update_actor 1.2x)
+    # select of new against old over every parameter and moment (bit-identical to the select)
 
     def update(state: TrainState) -> TrainState:
         opt_state = set_learning_rate(state.opt_state, lr)

@@ -3,8 +3,8 @@
 XLA:CPU runs optax's ``clip_by_global_norm`` + ``adamw`` + ``apply_updates`` as four fusions per parameter: the
 clipped gradient is written out (its division is not duplicated into its two readers), the first and second
 moments are written and read back by the parameter's fusion: ~56 bytes of memory traffic a parameter. The
-kernel (``backends/cpu/csrc/clip_adamw.cc``) reads ``g, p, m, v`` once and writes ``p, m, v`` in place (28 bytes;
-timed against optax's by ``bench_optimizer_update.py`` (removed; docs/perf_log/2026-11.md)). Same formula, float32 throughout; the scalar divisions are
+kernel (``backends/cpu/csrc/clip_adamw.cc``) reads ``g, p, m, v`` once and writes ``p, m, v`` in place (28 bytes).
+Same formula, float32 throughout; the scalar divisions are
 multiplications by reciprocals and the products' sums fused multiply-adds, so a value may differ from optax's by
 float32 rounding: both stay within 1.5 float32 roundings of the terms they sum of AdamW in float64
 (`tests/test_workers_fused_adamw.py`).

@@ -2,9 +2,7 @@
 
 `CausalLM` scans its layers over stacked weights and a stacked ``[layers, ...]`` KV cache. Inside a decode loop,
 XLA:CPU copies every layer's weights and cache slots out of the stacked arrays at every step (a ``dynamic-slice``
-is a copy there, not a view): at 64 rows × 168 slots of SmolLM2-135M ~49 ms of a 147 ms float32 decode step
-(docs/perf_log/2026-11.md). Here
-each layer reads its own arrays, which need no slicing:
+is a copy there, not a view). Here each layer reads its own arrays, which need no slicing:
 
 * `split_layers` turns a `CausalLM` param tree into ``(rest, layers)``: the tree without ``model/layers`` and a
   tuple of per-layer trees (the same leaves as the stacked tree's ``[i]``);
@@ -14,8 +12,7 @@ each layer reads its own arrays, which need no slicing:
   into its own cache *before* reading it (``DecoderLayer(store=True)``), so the read depends on the write and
   XLA updates the loop-carried cache in place (read first and written after, as the scan does, the two are
   unordered and XLA copies every layer's cache twice per step). The new keys are then read back from the cache
-  (`attention.stored_attention`: one softmax over its slots, no separate scores for them and no concatenation;
-  7 of 90 ms a float32 step at 64 rows, docs/perf_log/2026-11.md).
+  (`attention.stored_attention`: one softmax over its slots, no separate scores for them and no concatenation).
 
 * `to_panels` / `cpu_kernel_module`: the weights with every projection kernel in panel order and the module
   that runs them in `backends.cpu.ffi` (`DecoderConfig.cpu_kernels`; the LM head untied).

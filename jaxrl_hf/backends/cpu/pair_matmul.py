@@ -4,7 +4,7 @@
 where ``DecoderConfig.pair_kernels`` is set: XLA:CPU's ``operand_upcaster`` converts both operands of that dot
 (its left operand contracts over its major dimension) to float32 and runs Eigen's float32 dot, while the forward
 and input-gradient dots run on YNNPACK in bf16; the kernel keeps the weight gradient in bf16 with float32 sums
-(its rate against XLA's: ``bench_pair_matmul.py`` (removed; docs/perf_log/2026-11.md)).
+(docs/CPU_BACKEND.md).
 
 The kernel multiplies a row-major bf16 ``a`` by a ``b`` packed in pairs along its contraction (`pack_pairs`) with
 ``vdpbf16ps`` (two bf16 products added into one float32 lane): ``a`` is ``xᵀ`` with the rows of ``x`` in pairs
