@@ -21,6 +21,7 @@ from jaxrl_hf.models import attention as attn
 from jaxrl_hf.models import packed_attention
 from jaxrl_hf.models.config import SUPPORTED_REMAT
 from jaxrl_hf.models.forward import forward, init_params, next_token_targets, token_log_probs_and_entropy
+from jaxrl_hf.models.row_layout import RowLayout
 from jaxrl_hf.workers.common import WorkerConfigError, load_model
 
 T = 37  # not a multiple of the 8 / 16 blocks below
@@ -207,8 +208,8 @@ def test_model_blockwise_equals_eager_logits_and_param_grads():
     results = {}
     variants = {"eager": dict(attn_implementation="eager"), "blockwise": dict(attn_implementation="blockwise"),
                 # attention one packed row at a time: 2 rows per sequence, the longest 18 tokens (row 0)
-                "per-row": dict(attn_implementation="eager", packed_rows=(2, 18)),
-                "per-row blockwise": dict(attn_implementation="blockwise", packed_rows=(2, 20))}
+                "per-row": dict(attn_implementation="eager", row_layout=RowLayout("packed", (2, 18))),
+                "per-row blockwise": dict(attn_implementation="blockwise", row_layout=RowLayout("packed", (2, 20)))}
     for name, options in variants.items():
         cfg = dataclasses.replace(config, **options)
         logits = jax.jit(forward, static_argnums=1)(params, cfg, ids, mask, positions)
@@ -253,8 +254,8 @@ def test_per_row_attention_pays_only_where_it_computes_fewer_scores():
     assert not packed_attention.per_row_attention_pays(8, 512, 1024)  # 2.1 M scores in row slots vs 1.05 M over the sequence
     assert not packed_attention.per_row_attention_pays(64, 128, 1024)  # equal scores, but 8x the queries of the sequence
     assert not packed_attention.per_row_attention_pays(1, 16384, 16384)  # one row: the packed sequence is already one run
-    with pytest.raises(ValueError, match="packed_rows"):
-        tiny_config(packed_rows=(0, 5))
+    with pytest.raises(ValueError, match=r"row layout 'packed': shape=\(0, 5\) must be \(rows, width\)"):
+        RowLayout("packed", (0, 5))
 
 
 def test_blockwise_grad_memory_is_linear_in_length():

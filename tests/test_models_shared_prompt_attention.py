@@ -9,6 +9,7 @@ import pytest
 
 from _models_helpers import tiny_config
 from jaxrl_hf.models.attention import eager_attention
+from jaxrl_hf.models.row_layout import RowLayout
 from jaxrl_hf.models.shared_prompt_attention import (join_group_rows, repeat_per_sample, shared_prompt_attention,
                                                      split_group_rows)
 
@@ -60,7 +61,9 @@ def test_group_rows_split_and_join_back():
 def test_a_layout_that_does_not_fit_the_row_is_refused():
     with pytest.raises(ValueError, match="do not hold a prompt of 3 and 2 responses of 4 tokens"):
         split_group_rows(jnp.zeros((2, 10)), (3, 2, 4))
-    with pytest.raises(ValueError, match="shared_prompt=.*three positive ints"):
-        tiny_config(shared_prompt=(3, 2))
-    with pytest.raises(ValueError, match="two layouts of a row"):
-        tiny_config(shared_prompt=(3, 2, 4), packed_rows=(2, 8))
+    with pytest.raises(ValueError, match="shape=.3, 2. must be .prompt length, samples, response length."):
+        RowLayout("shared_prompt", (3, 2))
+    with pytest.raises(ValueError, match="unknown row layout 'shared'; valid names: .'packed', 'padded'"):
+        RowLayout("shared", (3, 2, 4))
+    with pytest.raises(ValueError, match="row_layout=.*must be a jaxrl_hf.models.row_layout.RowLayout"):
+        tiny_config(row_layout=("shared_prompt", (3, 2, 4)))

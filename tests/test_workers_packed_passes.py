@@ -17,6 +17,7 @@ from jaxrl_hf.controller.worker import WorkerContext
 from jaxrl_hf.workers import ActorRolloutRefWorker, CriticWorker
 from jaxrl_hf.workers.actor_programs import log_probs_program
 from jaxrl_hf.workers.common import WorkerConfigError
+from jaxrl_hf.models.row_layout import RowLayout
 from jaxrl_hf.workers.packed_forward import packed_config
 
 pytestmark = pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 devices: set "
@@ -109,7 +110,7 @@ def test_packed_program_runs_on_dp_by_budget(rollout):
         rows, width = s["pack_rows"][0] // 4, s["pack_rows"][1]
         assert width == P + R and rows * width * width <= BUDGET * BUDGET
         micro = {k: np.zeros(shape, np.int32) for k, shape in s.items()}
-        assert packed_config(worker.model.config, micro).packed_rows == (rows, width)
+        assert packed_config(worker.model.config, micro).row_layout == RowLayout("packed", (rows, width))
 
 
 def one_update(batch, layout, loss_agg_mode):

@@ -3,8 +3,8 @@ translation from and to HF ``config.json`` (`decoder_config_from_hf`, `decoder_c
 
 ``DecoderConfig`` is frozen and hashable so it can be a static argument of ``jax.jit`` and an
 attribute of a flax module. Architecture fields mirror the HF names; ``dtype`` / ``param_dtype`` /
-``remat`` / ``attn_implementation`` / ``scan_layers`` / ``packed_rows`` / ``shared_prompt`` / ``cpu_kernels`` /
-``pair_kernels`` are runtime options that never appear in ``config.json``.
+``remat`` / ``attn_implementation`` / ``scan_layers`` / ``row_layout`` / ``cpu_kernels`` / ``pair_kernels``
+are runtime options that never appear in ``config.json``.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ import dataclasses
 import json
 import os
 from typing import Any, Mapping
+
+from jaxrl_hf.models.row_layout import RowLayout
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3_text", "qwen3_moe", "mixtral")
 MOE_MODEL_TYPES = ("qwen3_moe", "mixtral")
@@ -62,18 +64,10 @@ class DecoderConfig:
     ``j`` with ``i - sliding_window < j <= i``. ``model_type`` ``gemma2`` / ``gemma3_text`` add the Gemma
     structure (scaled embedding, ``(1 + w)`` norms, norms after attention and MLP); ``query_pre_attn_scalar`` and
     the soft-caps are fields here, and ``rope_local_theta`` is Gemma 3's RoPE base of its sliding layers (the
-    full layers use ``rope_theta`` and ``rope_scaling``). ``packed_rows = (r, T)``: the input is packed sequences
-    of at most ``r`` rows (segment ids ``1 .. r``) of at most ``T`` tokens each, and attention runs one row at a
-    time (`jaxrl_hf.models.packed_attention.per_row_attention`); set per program by the packed forward passes.
-    ``shared_prompt = (P, n, R)``: each input row is one prompt of ``P`` tokens followed by ``n`` responses of ``R``
-    tokens, every response attending to the prompt and causally to itself
-    (`jaxrl_hf.models.shared_prompt_attention`); set by the actor's shared-prompt forward. ``shared_prefix``: each
-    row packs one prompt (segment 1) and its samples (segments 2, 3, ...) without padding, a token seeing its own
-    segment causally and all of segment 1 before it (`shared_prompt_attention.shared_prefix_attention`); set by the
-    actor's packed shared-prompt forward. ``shared_prefix_groups = (k, T, s)`` (with ``shared_prefix``): each row
-    packs up to ``k`` such groups one after another, group ``j``'s prompt as segment ``j·s + 1`` and its samples
-    ``j·s + 2 .. j·s + s``, each group one run of at most ``T`` tokens; attention runs one group at a time
-    (`shared_prompt_attention.grouped_prefix_attention`).
+    full layers use ``rope_theta`` and ``rope_scaling``). ``row_layout``: what one input row holds
+    (`jaxrl_hf.models.row_layout.RowLayout`, a registered entry of `row_layout.ROW_LAYOUTS`: ``padded`` by default;
+    ``packed``, ``shared_prompt`` and ``shared_prefix`` set per program by the packed and shared-prompt forward
+    passes).
     ``cpu_kernels`` (float32 only; set by the CPU generation program, `layer_unrolled.cpu_kernel_module`): every
     projection kernel holds its ``[fan_in, fan_out]`` matrix in panel order, applied by `backends.cpu.panel_matmul`, and
     attention over a stored cache runs in `backends.cpu.ffi.cache_attention`. ``pair_kernels`` (bfloat16 only;
@@ -123,10 +117,7 @@ class DecoderConfig:
     remat: str = "none"
     attn_implementation: str = "auto"
     scan_layers: bool = True
-    packed_rows: tuple[int, ...] = ()
-    shared_prompt: tuple[int, ...] = ()
-    shared_prefix: bool = False
-    shared_prefix_groups: tuple[int, ...] = ()
+    row_layout: RowLayout = RowLayout()
     cpu_kernels: bool = False
     pair_kernels: bool = False
 
@@ -163,23 +154,9 @@ class DecoderConfig:
                 raise ValueError(f"DecoderConfig.{name}={getattr(self, name)!r}; valid: {SUPPORTED_DTYPES}")
         if self.remat not in SUPPORTED_REMAT:
             raise ValueError(f"DecoderConfig.remat={self.remat!r}; valid: {SUPPORTED_REMAT}")
-        if self.packed_rows and (len(self.packed_rows) != 2 or any(
-                not isinstance(n, int) or isinstance(n, bool) or n < 1 for n in self.packed_rows)):
-            raise ValueError(f"DecoderConfig.packed_rows={self.packed_rows!r} must be () or (rows per packed "
-                             "sequence, longest row), two positive ints")
-        if self.shared_prompt and (len(self.shared_prompt) != 3 or any(
-                not isinstance(n, int) or isinstance(n, bool) or n < 1 for n in self.shared_prompt)):
-            raise ValueError(f"DecoderConfig.shared_prompt={self.shared_prompt!r} must be () or (prompt length, "
-                             "samples, response length), three positive ints")
-        if self.shared_prompt and self.packed_rows:
-            raise ValueError("DecoderConfig.shared_prompt and packed_rows are two layouts of a row; set one")
-        if self.shared_prefix and (self.shared_prompt or self.packed_rows):
-            raise ValueError("DecoderConfig.shared_prefix is a layout of a row, as shared_prompt and packed_rows are; "
-                             "set one")
-        if self.shared_prefix_groups and (not self.shared_prefix or len(self.shared_prefix_groups) != 3 or any(
-                not isinstance(n, int) or isinstance(n, bool) or n < 1 for n in self.shared_prefix_groups)):
-            raise ValueError(f"DecoderConfig.shared_prefix_groups={self.shared_prefix_groups!r} must be () or, with "
-                             "shared_prefix, (groups per row, longest group, segments per group), three positive ints")
+        if not isinstance(self.row_layout, RowLayout):
+            raise ValueError(f"DecoderConfig.row_layout={self.row_layout!r} must be a "
+                             "jaxrl_hf.models.row_layout.RowLayout")
         if self.cpu_kernels and self.dtype != "float32":
             raise ValueError(f"DecoderConfig.cpu_kernels needs dtype float32, got {self.dtype!r}")
         if self.pair_kernels and self.dtype != "bfloat16":

@@ -61,9 +61,7 @@ from jaxrl_hf.models.attention import cached_attention, self_attention, soft_cap
 from jaxrl_hf.models.config import DecoderConfig
 from jaxrl_hf.models.matmul import matmul_f32_accumulate
 from jaxrl_hf.models.moe import MoEBlock, Routing
-from jaxrl_hf.models.packed_attention import per_row_attention
 from jaxrl_hf.models.rope import apply_rope, rope_frequencies
-from jaxrl_hf.models.shared_prompt_attention import shared_prefix_attention, shared_prompt_attention
 from jaxrl_hf.models.stored_dtype import from_bits, to_stored
 
 Array = jnp.ndarray
@@ -246,16 +244,8 @@ class Attention(nn.Module):
             segments = jax.lax.dynamic_slice_in_dim(attention_mask.astype(jnp.int32), cache_index, t, axis=1)
             attend = functools.partial(self_attention, scale=c.attention_scale, implementation=c.attn_implementation,
                                        window=window, softcap=c.attn_logit_softcapping)
-            if c.shared_prompt:  # a prompt and its responses in each row
-                out = shared_prompt_attention(qg, kk, v, segments, c.shared_prompt, attend, c.attention_scale, window,
-                                              c.attn_logit_softcapping)
-            elif c.shared_prefix:  # a prompt and its samples packed in each row (or several: shared_prefix_groups)
-                out = shared_prefix_attention(qg, kk, v, segments, positions, c.attention_scale, window,
-                                              c.attn_logit_softcapping, c.shared_prefix_groups)
-            elif c.packed_rows:  # packed sequences: attention one row at a time
-                out = per_row_attention(qg, kk, v, segments, *c.packed_rows, attend)
-            else:
-                out = attend(qg, kk, v, segments)
+            out = c.row_layout.attention(qg, kk, v, segments, positions, attend, c.attention_scale, window,
+                                         c.attn_logit_softcapping)
         out = checkpoint_name(out, "attn_out")
         out = constrain(out.reshape(b, t, h, d), ("batch", "attn_length", "attn_heads", "head_dim"), self.mesh,
                         self.rules)

@@ -1,4 +1,5 @@
-"""Attention over rows that each hold one prompt and its ``n`` sampled responses (``DecoderConfig.shared_prompt``).
+"""Attention over rows that each hold one prompt and its ``n`` sampled responses (the ``shared_prompt`` row layout,
+`jaxrl_hf.models.row_layout`).
 
 GRPO-style rollouts sample ``n`` responses per prompt. The actor's shared-prompt forward (`jaxrl_hf.workers.
 shared_prompt`) lays each group out as one row of ``P + n·R`` tokens:
@@ -16,13 +17,13 @@ Attention is the only place the layout matters. `shared_prompt_attention` comput
 which is, key for key, what the padded ``[n, P + R]`` forward attends to (the prompt's keys are the same for
 every sample), so hidden states equal the padded forward's at the same positions up to float summation order.
 
-Without padding (``DecoderConfig.shared_prefix``, `jaxrl_hf.workers.group_packing`) a row holds only real tokens:
+Without padding (the ``shared_prefix`` row layout, `jaxrl_hf.workers.group_packing`) a row holds only real tokens:
 
     [ prompt's tokens (segment 1) | sample 1's tokens (segment 2) | ... | sample n's (segment n + 1) | padding (0) ]
 
 and `shared_prefix_attention` lets each token see the earlier tokens of its own segment and all of segment 1:
 the same keys again, now at ``p + Σ r_i`` positions instead of ``P + n·R``. A row may pack several such groups
-(``DecoderConfig.shared_prefix_groups``, group ``j``'s segments offset by ``j·s``): the projections then see one
+(the layout's ``(groups, width, stride)``, group ``j``'s segments offset by ``j·s``): the projections then see one
 row of ``Σ_j (p_j + Σ r_ji)`` tokens instead of each group padded to the longest, and `grouped_prefix_attention`
 runs the attention above one group at a time, in slots of the longest group's length.
 """
@@ -40,7 +41,7 @@ Array = jnp.ndarray
 
 
 def check_layout(layout: tuple[int, ...], length: int) -> tuple[int, int, int]:
-    """``(P, n, R)`` of ``layout`` (``DecoderConfig.shared_prompt``), checked against the row ``length``."""
+    """``(P, n, R)`` of ``layout`` (the ``shared_prompt`` row layout's shape), checked against the row ``length``."""
     prompt, samples, response = layout
     if prompt + samples * response != length:
         raise ValueError(f"shared-prompt rows of {length} tokens do not hold a prompt of {prompt} and {samples} "
@@ -98,7 +99,7 @@ def shared_prefix_attention(q: Array, k: Array, v: Array, segments: Array, posit
     """Eager attention (Vaswani et al. 2017, eq. 1) under `shared_prefix_mask`: ``softmax(where(mask,
     soft_cap(q kᵀ · scale), -inf)) v`` with ``q [B, T, kv_heads, groups, head_dim]``, ``k, v [B, T, kv_heads,
     head_dim]``, ``segments`` / ``positions [B, T]``. A padding query gets the mean of ``v`` (no key seen).
-    ``groups``: ``DecoderConfig.shared_prefix_groups`` (`grouped_prefix_attention`), if set."""
+    ``groups``: the ``shared_prefix`` row layout's ``(groups, width, stride)`` (`grouped_prefix_attention`), if set."""
     if groups:
         return grouped_prefix_attention(q, k, v, segments, positions, *groups, scale, window, softcap)
     return head_batched_attention(q, k, v, shared_prefix_mask(segments, positions, window), scale, softcap)

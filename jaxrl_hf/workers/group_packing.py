@@ -9,7 +9,7 @@ A rollout's rows come in groups of ``n`` samples of one prompt, each row ``[prom
     positions:   the rollout's ``position_ids`` of each token (a sample's continue its prompt's)
 
 and puts ``k`` consecutive groups' runs one after another in a row of ``L`` tokens (``[G / k, L]``, padding: segment
-0), group ``j`` of a row with its segments offset by ``j·(n + 1)`` (``DecoderConfig.shared_prefix_groups``). With
+0), group ``j`` of a row with its segments offset by ``j·(n + 1)`` (the ``shared_prefix`` row layout's shape). With
 ``k`` = 1 a row is one group and ``L = T``, `packing.static_length` of the longest group's ``p + Σ r_i``, at most
 ``P + n·R`` (the padded group row); with ``k`` > 1, ``L`` is that of the fullest row's, and the rows no longer pad
 every group to the longest (the default run's two groups an update: `actor/padding_ratio` 0.18 -> 0.084). Either way a

@@ -7,7 +7,7 @@ group out as one row (`group_rows`) and runs the decoder once over them:
 
     group row:     [prompt (P) | response 1 (R) | ... | response n (R)]                  [G, P + n·R]
     attention:     the prompt causally; each response over its prompt's keys and, causally, its own
-                   (`jaxrl_hf.models.shared_prompt_attention`, ``DecoderConfig.shared_prompt = (P, n, R)``)
+                   (`jaxrl_hf.models.shared_prompt_attention`, ``DecoderConfig.row_layout = RowLayout("shared_prompt", (P, n, R))``)
     log π(y_t):    LM head on [hidden(prompt)[P-1], hidden(response)[0 .. R-2]]  (the positions predicting y_0 ..)
 
 Each response's scores are ``[R, P + R]``, the padded forward's response rows, over the same keys with the same
@@ -36,6 +36,7 @@ from jaxrl_hf.models.attention import resolve_implementation
 from jaxrl_hf.models.config import DecoderConfig
 from jaxrl_hf.models.forward import lm_head_log_probs, make_module
 from jaxrl_hf.models.llama import CausalLM, kv_head_repeats
+from jaxrl_hf.models.row_layout import RowLayout
 from jaxrl_hf.models.shared_prompt_attention import join_group_rows, repeat_per_sample, split_group_rows
 from jaxrl_hf.workers import group_packing
 from jaxrl_hf.workers.common import chunked_apply
@@ -85,7 +86,7 @@ def shared_prompt_log_probs(params: Any, config: DecoderConfig, input_ids: Array
     if prompt_len < 1:
         raise ValueError(f"input_ids width {width} leaves no prompt before {response_length} response tokens")
     layout = (prompt_len, group, response_length)
-    module = make_module(config.replace(shared_prompt=layout, packed_rows=()), mesh, rules)
+    module = make_module(config.replace(row_layout=RowLayout("shared_prompt", layout)), mesh, rules)
     ids, mask, positions = (group_rows(x, prompt_len, group) for x in (input_ids, attention_mask, position_ids))
     hidden, _ = module.apply({"params": params}, ids, positions, mask, method=CausalLM.hidden_states_and_new_kv)
     hidden_p, hidden_r = split_group_rows(hidden, layout)
@@ -108,8 +109,7 @@ def packed_group_log_probs(params: Any, config: DecoderConfig, micro: Mapping[st
     packed_rows = micro["group_input_ids"].shape[0]
     per_row = groups // packed_rows
     layout = (per_row, longest, group + 1) if per_row > 1 else ()
-    module = make_module(config.replace(shared_prompt=(), packed_rows=(), shared_prefix=True,
-                                        shared_prefix_groups=layout), mesh, rules)
+    module = make_module(config.replace(row_layout=RowLayout("shared_prefix", layout)), mesh, rules)
     hidden, _ = module.apply({"params": params}, micro["group_input_ids"], micro["group_position_ids"],
                              micro["group_segments"], method=CausalLM.hidden_states_and_new_kv)
     at = jnp.take_along_axis(micro["group_windows"], micro["group_logit_index"], axis=1)  # [G, S] in its row
