@@ -32,14 +32,15 @@ PROCESS_MODULES = frozenset({
     # the trainer with its Ray workers, or in a subprocess
     "test_trainer_e2e", "test_trainer_async", "test_trainer_agent", "test_trainer_lora", "test_reliability_signals",
     "test_reliability_restore", "test_reliability_nonfinite", "test_reliability_worker", "test_reliability_bad_input",
-    "test_config_verl_cli", "test_trainer_verl_format", "test_packaging", "test_bench_gpu", "test_bench_trl_grpo", "test_user_imports",
+    "test_config_verl_cli", "test_trainer_verl_format", "test_packaging", "test_user_imports",
     # Ray clusters of several worker processes
     "test_controller_multinode", "test_controller_failures", "test_controller_groups", "test_workers_groups",
     "test_rewards_prm", "test_gpu_doctor", "test_gpu_memory_budget", "test_controller_gpu_devices",
 })
 """Test modules that start Ray clusters, vLLM engines or trainer processes, several GiB each. Under pytest-xdist's
 ``--dist loadfile`` (`make test` runs two workers) they form one unit of work, so one runs at a time beside the
-in-process tests (`pytest_xdist_make_scheduler`)."""
+in-process tests (`pytest_xdist_make_scheduler`). Benchmarks run at toy size in a subprocess without Ray or vLLM
+(``test_bench_gpu``, ``test_bench_trl_grpo``) are not among them: they run beside this scope."""
 
 
 @pytest.hookimpl(optionalhook=True)
