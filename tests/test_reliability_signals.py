@@ -141,7 +141,7 @@ def test_sigterm_then_a_sigkilled_worker_each_resume_with_the_same_command_to_th
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     assert re.search(rf"resumed from {re.escape(str(ckpts))}/global_step_([{step}3]) \(step \1\)",
                      resumed.stderr), resumed.stderr[-3000:]
-    assert "  ... " not in err + err2 + resumed.stderr  # trainer.progress_bar=false: no heartbeat, whatever the interval
+    assert "  ... " not in err + err2 + resumed.stderr  # progress_bar=false: no heartbeat, whatever the interval
     got, want = records(run_dir), records(tmp_path / "full")
     assert [r["step"] for r in got] == [1, 2, 3, 4]
 

@@ -14,10 +14,10 @@ import pytest
 from _models_helpers import TINY_WORKER_MODEL, random_prompts, tiny_worker_config
 from jaxrl_hf.controller import Batch
 from jaxrl_hf.controller.worker import WorkerContext
+from jaxrl_hf.models.row_layout import RowLayout
 from jaxrl_hf.workers import ActorRolloutRefWorker, CriticWorker
 from jaxrl_hf.workers.actor_programs import log_probs_program
 from jaxrl_hf.workers.common import WorkerConfigError
-from jaxrl_hf.models.row_layout import RowLayout
 from jaxrl_hf.workers.packed_forward import packed_config
 
 pytestmark = pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 devices: set "

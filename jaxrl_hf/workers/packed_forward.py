@@ -21,8 +21,8 @@ from jaxrl_hf.models.config import DecoderConfig
 from jaxrl_hf.models.forward import (hidden_states, hidden_states_and_routing, lm_head_log_probs, routed_experts_by_layer,
                                      routed_experts_by_token)
 from jaxrl_hf.models.packed_attention import per_row_attention_pays
-from jaxrl_hf.models.value_head import value_forward
 from jaxrl_hf.models.row_layout import RowLayout
+from jaxrl_hf.models.value_head import value_forward
 from jaxrl_hf.workers.losses import LogProbFn, Routed, ValueFn
 
 Array = jax.Array
@@ -44,13 +44,15 @@ def _packed_inputs(micro: Mapping[str, Array]) -> tuple[Array, Array, Array]:
 
 
 def packed_config(model_config: DecoderConfig, micro: Mapping[str, Array]) -> DecoderConfig:
-    """``model_config`` with the ``packed`` row layout ``(r, T)`` (from the static shapes of ``micro``) when attention one row at
-    a time pays (`per_row_attention_pays`: no more scores than over the packed ``[L]`` sequence), else unchanged."""
+    """``model_config`` with the ``packed`` row layout ``(r, T)`` (from the static shapes of ``micro``) when attention
+    one row at a time pays (`per_row_attention_pays`: no more scores than over the packed ``[L]`` sequence), else
+    unchanged."""
     devices, length = micro["pack_input_ids"].shape
     rows, width = micro["pack_rows"].shape
     rows //= devices
-    return model_config.replace(row_layout=RowLayout("packed", (rows, width))) if per_row_attention_pays(rows, width, length) \
-        else model_config
+    if not per_row_attention_pays(rows, width, length):
+        return model_config
+    return model_config.replace(row_layout=RowLayout("packed", (rows, width)))
 
 
 def response_slots(micro: Mapping[str, Array]) -> Array:

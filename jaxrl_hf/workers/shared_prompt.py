@@ -7,7 +7,7 @@ group out as one row (`group_rows`) and runs the decoder once over them:
 
     group row:     [prompt (P) | response 1 (R) | ... | response n (R)]                  [G, P + n·R]
     attention:     the prompt causally; each response over its prompt's keys and, causally, its own
-                   (`jaxrl_hf.models.shared_prompt_attention`, ``DecoderConfig.row_layout = RowLayout("shared_prompt", (P, n, R))``)
+                   (`jaxrl_hf.models.shared_prompt_attention`, row layout ``RowLayout("shared_prompt", (P, n, R))``)
     log π(y_t):    LM head on [hidden(prompt)[P-1], hidden(response)[0 .. R-2]]  (the positions predicting y_0 ..)
 
 Each response's scores are ``[R, P + R]``, the padded forward's response rows, over the same keys with the same
