@@ -5,6 +5,20 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 
+def _unoptimized_backend() -> None:
+    """Compile the suite's programs with XLA's backend optimization level 0 (``XLA_FLAGS``, inherited by the
+    xdist workers, Ray workers and subprocesses). The suite's models are tiny: LLVM's optimization passes are most
+    of their compile time and save little of their run time (matrix products are library calls at any level).
+    Comparisons within the suite are of programs compiled under the same flags, and those against references (numpy,
+    transformers, vLLM) use tolerances of dtype and reduction size, which hold at any level. An explicit ``--xla_backend_optimization_level`` in ``XLA_FLAGS`` wins."""
+    flags = os.environ["XLA_FLAGS"]
+    if "--xla_backend_optimization_level" not in flags:
+        os.environ["XLA_FLAGS"] = f"{flags} --xla_backend_optimization_level=0"
+
+
+_unoptimized_backend()
+
+
 def _run_compilation_cache() -> None:
     """One persistent XLA compilation cache for the whole test run, made empty by the pytest process that starts
     the run and inherited by its xdist workers and every process they start (Ray workers, subprocesses of
